@@ -1,0 +1,209 @@
+// The only file that sees pybind11. Arguments are checked and converted while the GIL
+// is held; the work then runs without it (see each function's comment for why that is
+// safe). Results are C++ vectors moved into numpy arrays without a copy.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dlbricks/corpus.hpp"
+#include "dlbricks/digest.hpp"
+#include "dlbricks/graph.hpp"
+
+namespace py = pybind11;
+using namespace dlbricks;
+
+namespace {
+
+template <typename T>
+using Array = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+// Hands a vector's buffer to numpy; the capsule frees it with the array.
+template <typename T>
+py::array_t<T> to_numpy(std::vector<T>&& v, std::vector<py::ssize_t> shape = {}) {
+    auto* owned = new std::vector<T>(std::move(v));
+    py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+    if (shape.empty()) shape.push_back(static_cast<py::ssize_t>(owned->size()));
+    return py::array_t<T>(shape, owned->data(), free_when_done);
+}
+
+py::array_t<std::uint8_t> digests_to_numpy(std::vector<Digest128>&& v) {
+    std::vector<std::uint8_t> flat(v.size() * 16);
+    for (std::size_t i = 0; i < v.size(); ++i) std::copy(v[i].bytes.begin(), v[i].bytes.end(), flat.begin() + 16 * i);
+    return to_numpy(std::move(flat), {static_cast<py::ssize_t>(v.size()), 16});
+}
+
+void require_1d(const py::array& a, const char* what, py::ssize_t size = -1) {
+    if (a.ndim() != 1) throw std::invalid_argument(std::string(what) + " must be one-dimensional");
+    if (size >= 0 && a.shape(0) != size)
+        throw std::invalid_argument(std::string(what) + " has " + std::to_string(a.shape(0)) + " entries, expected " +
+                                    std::to_string(size));
+}
+
+const Digest128* digest_rows(const Array<std::uint8_t>& d, const char* what) {
+    if (d.ndim() != 2 || d.shape(1) != 16)
+        throw std::invalid_argument(std::string(what) + " must have shape (n, 16), one 16-byte digest per row");
+    // Digest128 is 16 bytes with byte alignment, so rows of a C-contiguous uint8 array are digests.
+    static_assert(sizeof(Digest128) == 16 && alignof(Digest128) == 1, "Digest128 layout");
+    return reinterpret_cast<const Digest128*>(d.data());
+}
+
+// Edge arrays as a GraphView: checked lengths, optional slot arrays (None means all 0).
+struct Edges {
+    Array<std::int32_t> src, dst;
+    std::optional<Array<std::int32_t>> src_slot, dst_slot;
+
+    GraphView view(std::int64_t n_nodes) const {
+        require_1d(src, "edge_src");
+        require_1d(dst, "edge_dst", src.shape(0));
+        if (src_slot) require_1d(*src_slot, "edge_src_slot", src.shape(0));
+        if (dst_slot) require_1d(*dst_slot, "edge_dst_slot", src.shape(0));
+        GraphView g;
+        g.n_nodes = n_nodes;
+        g.n_edges = src.shape(0);
+        g.src = src.data();
+        g.dst = dst.data();
+        g.src_slot = src_slot ? src_slot->data() : nullptr;
+        g.dst_slot = dst_slot ? dst_slot->data() : nullptr;
+        return g;
+    }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "dlbricks C++ core: graph hashing, topological sort, DLBricks split, corpus dedup.";
+    m.attr("SEQUENCE_DIGEST_VERSION") = kSequenceDigestVersion;
+
+    m.def(
+        "digest128",
+        [](py::bytes data) {
+            std::string s = data;  // copied while holding the GIL
+            Digest128 d;
+            {
+                py::gil_scoped_release release;
+                d = digest128(s.data(), s.size());
+            }
+            return py::bytes(reinterpret_cast<const char*>(d.bytes.data()), 16);
+        },
+        py::arg("data"), "BLAKE2b with a 16-byte digest (equals hashlib.blake2b(data, digest_size=16)).");
+
+    // Array arguments below are owned by this call frame (forcecast copies belong to
+    // it too), so their buffers stay alive and unmoved while the GIL is released.
+    m.def(
+        "topo_order",
+        [](std::int64_t n_nodes, Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst) {
+            Edges e{std::move(edge_src), std::move(edge_dst), std::nullopt, std::nullopt};
+            GraphView g = e.view(n_nodes);
+            std::vector<std::int32_t> order;
+            {
+                py::gil_scoped_release release;
+                order = topo_order(g, build_adjacency(g));
+            }
+            return to_numpy(std::move(order));
+        },
+        py::arg("n_nodes"), py::arg("edge_src"), py::arg("edge_dst"));
+
+    m.def(
+        "split_sequences",
+        [](Array<std::uint8_t> digests, Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst,
+           std::optional<Array<std::int32_t>> edge_src_slot, std::optional<Array<std::int32_t>> edge_dst_slot, int G) {
+            const Digest128* rows = digest_rows(digests, "digests");
+            Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
+            GraphView g = e.view(digests.shape(0));
+            g.digests = rows;
+            Split s;
+            {
+                py::gil_scoped_release release;
+                s = split_sequences(g, G);
+            }
+            return py::make_tuple(to_numpy(std::move(s.offsets)), to_numpy(std::move(s.members)),
+                                  digests_to_numpy(std::move(s.digests)));
+        },
+        py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"), py::arg("edge_src_slot") = py::none(),
+        py::arg("edge_dst_slot") = py::none(), py::arg("G"));
+
+    m.def(
+        "critical_path",
+        [](Array<double> weights, Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst) {
+            require_1d(weights, "weights");
+            Edges e{std::move(edge_src), std::move(edge_dst), std::nullopt, std::nullopt};
+            GraphView g = e.view(weights.shape(0));
+            CriticalPath cp;
+            {
+                py::gil_scoped_release release;
+                cp = critical_path(g, weights.data());
+            }
+            return py::make_tuple(cp.length, to_numpy(std::move(cp.path)));
+        },
+        py::arg("weights"), py::arg("edge_src"), py::arg("edge_dst"));
+
+    m.def(
+        "dedup_corpus",
+        [](Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
+           Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst, std::optional<Array<std::int32_t>> edge_src_slot,
+           std::optional<Array<std::int32_t>> edge_dst_slot, int G) {
+            require_1d(node_offsets, "node_offsets");
+            if (node_offsets.shape(0) < 1) throw std::invalid_argument("node_offsets needs at least one entry");
+            require_1d(edge_offsets, "edge_offsets", node_offsets.shape(0));
+            const std::int64_t m = node_offsets.shape(0) - 1;
+            CorpusView c;
+            c.n_models = m;
+            c.node_offsets = node_offsets.data();
+            c.edge_offsets = edge_offsets.data();
+            c.digests = digest_rows(digests, "digests");
+            if (node_offsets.data()[m] != digests.shape(0))
+                throw std::invalid_argument("node_offsets ends at " + std::to_string(node_offsets.data()[m]) +
+                                            " but there are " + std::to_string(digests.shape(0)) + " digests");
+            Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
+            GraphView all = e.view(digests.shape(0));
+            if (edge_offsets.data()[m] != all.n_edges)
+                throw std::invalid_argument("edge_offsets ends at " + std::to_string(edge_offsets.data()[m]) +
+                                            " but there are " + std::to_string(all.n_edges) + " edges");
+            c.src = all.src;
+            c.dst = all.dst;
+            c.src_slot = all.src_slot;
+            c.dst_slot = all.dst_slot;
+            CorpusResult r;
+            {
+                py::gil_scoped_release release;
+                r = dedup_corpus(c, G);
+            }
+            py::dict out;
+            out["layer_ids"] = to_numpy(std::move(r.layer_ids));
+            out["unique_layer_first"] = to_numpy(std::move(r.unique_layer_first));
+            out["seq_model_offsets"] = to_numpy(std::move(r.seq_model_offsets));
+            out["seq_offsets"] = to_numpy(std::move(r.seq_offsets));
+            out["seq_members"] = to_numpy(std::move(r.seq_members));
+            out["seq_ids"] = to_numpy(std::move(r.seq_ids));
+            out["unique_seq_digests"] = digests_to_numpy(std::move(r.unique_seq_digests));
+            out["unique_seq_first"] = to_numpy(std::move(r.unique_seq_first));
+            return out;
+        },
+        py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"),
+        py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("G"));
+
+    m.def(
+        "jaccard_matrix",
+        [](Array<std::int64_t> node_offsets, Array<std::int32_t> layer_ids) {
+            require_1d(node_offsets, "node_offsets");
+            require_1d(layer_ids, "layer_ids");
+            if (node_offsets.shape(0) < 1) throw std::invalid_argument("node_offsets needs at least one entry");
+            const std::int64_t m = node_offsets.shape(0) - 1;
+            if (node_offsets.data()[0] != 0 || node_offsets.data()[m] != layer_ids.shape(0))
+                throw std::invalid_argument("node_offsets must run from 0 to len(layer_ids)");
+            std::vector<double> out;
+            {
+                py::gil_scoped_release release;
+                out = jaccard_matrix(m, node_offsets.data(), layer_ids.data());
+            }
+            return to_numpy(std::move(out), {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(m)});
+        },
+        py::arg("node_offsets"), py::arg("layer_ids"));
+}

@@ -1,0 +1,51 @@
+// Corpus-wide dedup: split every model and unite layers and sequences by digest.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dlbricks/digest.hpp"
+#include "dlbricks/graph.hpp"
+
+namespace dlbricks {
+
+/// A corpus of m models as concatenated flat arrays. Model i owns nodes
+/// [node_offsets[i], node_offsets[i+1]) and edges [edge_offsets[i], edge_offsets[i+1]);
+/// edge endpoints are model-local node indices.
+struct CorpusView {
+    std::int64_t n_models = 0;
+    const std::int64_t* node_offsets = nullptr;  // m + 1, starts at 0, non-decreasing
+    const std::int64_t* edge_offsets = nullptr;  // m + 1, starts at 0, non-decreasing
+    const Digest128* digests = nullptr;          // node_offsets[m] layer digests
+    const std::int32_t* src = nullptr;
+    const std::int32_t* src_slot = nullptr;  // may be null
+    const std::int32_t* dst = nullptr;
+    const std::int32_t* dst_slot = nullptr;  // may be null
+};
+
+/// Everything the dedup produces. Unique ids are numbered in order of first appearance
+/// (model by model, node by node / sequence by sequence), so results do not depend on
+/// hash-map iteration order.
+struct CorpusResult {
+    std::vector<std::int32_t> layer_ids;           // per node (global index): unique layer id
+    std::vector<std::int64_t> unique_layer_first;  // per unique layer: global node index
+    std::vector<std::int64_t> seq_model_offsets;   // m + 1: model i owns sequences [a, b)
+    std::vector<std::int64_t> seq_offsets;         // S + 1: into seq_members
+    std::vector<std::int32_t> seq_members;         // model-local node indices
+    std::vector<std::int32_t> seq_ids;             // per sequence: unique sequence id
+    std::vector<Digest128> unique_seq_digests;
+    std::vector<std::int64_t> unique_seq_first;    // per unique sequence: global sequence index
+};
+
+/// Splits every model at granularity G and dedups layers and sequences across the
+/// corpus. Throws std::invalid_argument naming the model and the problem.
+/// Cost: O(total nodes log + total edges), memory O(total nodes + edges).
+CorpusResult dedup_corpus(const CorpusView& corpus, int G);
+
+/// Jaccard similarity of the layer sets of every pair of models: |A n B| / |A u B| over
+/// unique layer ids (two empty sets have similarity 1). layer_ids as in CorpusResult.
+/// Returns an m x m row-major matrix. Cost: O(m^2 * L) for L unique layers per model.
+std::vector<double> jaccard_matrix(std::int64_t n_models, const std::int64_t* node_offsets,
+                                   const std::int32_t* layer_ids);
+
+}  // namespace dlbricks

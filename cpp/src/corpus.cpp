@@ -1,0 +1,101 @@
+#include "dlbricks/corpus.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+namespace dlbricks {
+
+CorpusResult dedup_corpus(const CorpusView& c, int G) {
+    if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
+    if (c.n_models < 0) throw std::invalid_argument("model count must be >= 0");
+    if (c.node_offsets[0] != 0 || c.edge_offsets[0] != 0)
+        throw std::invalid_argument("node and edge offsets must start at 0");
+    for (std::int64_t i = 0; i < c.n_models; ++i)
+        if (c.node_offsets[i + 1] < c.node_offsets[i] || c.edge_offsets[i + 1] < c.edge_offsets[i])
+            throw std::invalid_argument("offsets of model " + std::to_string(i) + " decrease");
+
+    const std::int64_t total_nodes = c.node_offsets[c.n_models];
+    CorpusResult r;
+    r.layer_ids.resize(static_cast<std::size_t>(total_nodes));
+    r.seq_model_offsets.reserve(static_cast<std::size_t>(c.n_models + 1));
+    r.seq_model_offsets.push_back(0);
+    r.seq_offsets.push_back(0);
+    r.seq_members.reserve(static_cast<std::size_t>(total_nodes));
+
+    // Ids are handed out in first-appearance order; the maps are only lookups, so their
+    // iteration order never shows in the result.
+    std::unordered_map<Digest128, std::int32_t, Digest128Hash> layer_index;
+    std::unordered_map<Digest128, std::int32_t, Digest128Hash> seq_index;
+
+    for (std::int64_t i = 0; i < c.n_models; ++i) {
+        const std::int64_t node_base = c.node_offsets[i];
+        const std::int64_t edge_base = c.edge_offsets[i];
+        GraphView g;
+        g.n_nodes = c.node_offsets[i + 1] - node_base;
+        g.n_edges = c.edge_offsets[i + 1] - edge_base;
+        g.src = c.src + edge_base;
+        g.dst = c.dst + edge_base;
+        g.src_slot = c.src_slot ? c.src_slot + edge_base : nullptr;
+        g.dst_slot = c.dst_slot ? c.dst_slot + edge_base : nullptr;
+        g.digests = c.digests + node_base;
+
+        for (std::int64_t v = 0; v < g.n_nodes; ++v) {
+            auto inserted = layer_index.try_emplace(g.digests[v], static_cast<std::int32_t>(layer_index.size()));
+            if (inserted.second) r.unique_layer_first.push_back(node_base + v);
+            r.layer_ids[node_base + v] = inserted.first->second;
+        }
+
+        Split split;
+        try {
+            const Adjacency adj = build_adjacency(g);
+            split = split_sequences(g, adj, topo_order(g, adj), G);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument("model " + std::to_string(i) + ": " + e.what());
+        }
+        const std::int64_t member_base = static_cast<std::int64_t>(r.seq_members.size());
+        r.seq_members.insert(r.seq_members.end(), split.members.begin(), split.members.end());
+        for (std::size_t s = 0; s < split.digests.size(); ++s) {
+            r.seq_offsets.push_back(member_base + split.offsets[s + 1]);
+            auto inserted = seq_index.try_emplace(split.digests[s], static_cast<std::int32_t>(seq_index.size()));
+            if (inserted.second) {
+                r.unique_seq_digests.push_back(split.digests[s]);
+                r.unique_seq_first.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
+            }
+            r.seq_ids.push_back(inserted.first->second);
+        }
+        r.seq_model_offsets.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
+    }
+    return r;
+}
+
+std::vector<double> jaccard_matrix(std::int64_t m, const std::int64_t* node_offsets, const std::int32_t* layer_ids) {
+    std::vector<std::vector<std::int32_t>> sets(static_cast<std::size_t>(m));
+    for (std::int64_t i = 0; i < m; ++i) {
+        if (node_offsets[i + 1] < node_offsets[i])
+            throw std::invalid_argument("offsets of model " + std::to_string(i) + " decrease");
+        auto& s = sets[i];
+        s.assign(layer_ids + node_offsets[i], layer_ids + node_offsets[i + 1]);
+        std::sort(s.begin(), s.end());
+        s.erase(std::unique(s.begin(), s.end()), s.end());
+    }
+    std::vector<double> out(static_cast<std::size_t>(m * m), 1.0);
+    for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = i + 1; j < m; ++j) {
+            const auto& a = sets[i];
+            const auto& b = sets[j];
+            std::size_t common = 0;
+            for (std::size_t x = 0, y = 0; x < a.size() && y < b.size();) {
+                if (a[x] < b[y]) ++x;
+                else if (b[y] < a[x]) ++y;
+                else { ++common; ++x; ++y; }
+            }
+            const std::size_t uni = a.size() + b.size() - common;
+            const double sim = uni == 0 ? 1.0 : static_cast<double>(common) / static_cast<double>(uni);
+            out[i * m + j] = out[j * m + i] = sim;
+        }
+    return out;
+}
+
+}  // namespace dlbricks

@@ -1,0 +1,279 @@
+#include "dlbricks/graph.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <queue>
+#include <stdexcept>
+#include <string>
+
+namespace dlbricks {
+namespace {
+
+inline std::int32_t slot_of(const std::int32_t* slots, std::int64_t k) { return slots ? slots[k] : 0; }
+
+[[noreturn]] void throw_cycle(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& indegree) {
+    // Every node left with a positive in-degree has a predecessor that is also left,
+    // so walking predecessors from any of them must revisit a node: that node is on a cycle.
+    std::int32_t start = -1;
+    for (std::int64_t v = 0; v < g.n_nodes; ++v)
+        if (indegree[v] > 0) {
+            start = static_cast<std::int32_t>(v);
+            break;
+        }
+    std::vector<char> seen(static_cast<std::size_t>(g.n_nodes), 0);
+    std::int32_t v = start;
+    while (!seen[v]) {
+        seen[v] = 1;
+        std::int32_t next = -1;
+        for (std::int64_t k = adj.in_offsets[v]; k < adj.in_offsets[v + 1]; ++k) {
+            std::int32_t u = g.src[adj.in_edges[k]];
+            if (indegree[u] > 0) {
+                next = u;
+                break;
+            }
+        }
+        v = next;
+    }
+    throw std::invalid_argument("the graph has a cycle through node " + std::to_string(v));
+}
+
+// Union-find over window positions; windows are at most G nodes, so this stays small.
+struct WindowSets {
+    std::vector<std::int32_t> parent;
+    void reset(std::size_t k) {
+        parent.resize(k);
+        std::iota(parent.begin(), parent.end(), 0);
+    }
+    std::int32_t find(std::int32_t x) {
+        while (parent[x] != x) x = parent[x] = parent[parent[x]];
+        return x;
+    }
+    bool unite(std::int32_t a, std::int32_t b) {
+        a = find(a);
+        b = find(b);
+        if (a == b) return false;
+        parent[b] = a;
+        return true;
+    }
+};
+
+}  // namespace
+
+Adjacency build_adjacency(const GraphView& g) {
+    if (g.n_nodes < 0 || g.n_nodes > INT32_MAX) throw std::invalid_argument("node count out of range");
+    if (g.n_edges < 0 || g.n_edges > INT32_MAX) throw std::invalid_argument("edge count out of range");
+    const std::int64_t n = g.n_nodes;
+    Adjacency adj;
+    adj.in_offsets.assign(static_cast<std::size_t>(n + 1), 0);
+    adj.out_offsets.assign(static_cast<std::size_t>(n + 1), 0);
+    for (std::int64_t k = 0; k < g.n_edges; ++k) {
+        const std::int32_t s = g.src[k], d = g.dst[k];
+        if (s < 0 || s >= n || d < 0 || d >= n)
+            throw std::invalid_argument("edge " + std::to_string(k) + " (" + std::to_string(s) + " -> " +
+                                        std::to_string(d) + ") names a node outside [0, " + std::to_string(n) + ")");
+        if (slot_of(g.src_slot, k) < 0 || slot_of(g.dst_slot, k) < 0)
+            throw std::invalid_argument("edge " + std::to_string(k) + " has a negative slot");
+        ++adj.in_offsets[d + 1];
+        ++adj.out_offsets[s + 1];
+    }
+    for (std::int64_t v = 0; v < n; ++v) {
+        adj.in_offsets[v + 1] += adj.in_offsets[v];
+        adj.out_offsets[v + 1] += adj.out_offsets[v];
+    }
+    adj.in_edges.resize(static_cast<std::size_t>(g.n_edges));
+    adj.out_nodes.resize(static_cast<std::size_t>(g.n_edges));
+    std::vector<std::int64_t> in_fill(adj.in_offsets.begin(), adj.in_offsets.end() - 1);
+    std::vector<std::int64_t> out_fill(adj.out_offsets.begin(), adj.out_offsets.end() - 1);
+    for (std::int64_t k = 0; k < g.n_edges; ++k) {
+        adj.in_edges[in_fill[g.dst[k]]++] = static_cast<std::int32_t>(k);
+        adj.out_nodes[out_fill[g.src[k]]++] = g.dst[k];
+    }
+    // Canonical order of each node's inputs, so digests do not depend on edge order.
+    auto by_slot = [&g](std::int32_t a, std::int32_t b) {
+        const auto ka = std::make_tuple(slot_of(g.dst_slot, a), g.src[a], slot_of(g.src_slot, a));
+        const auto kb = std::make_tuple(slot_of(g.dst_slot, b), g.src[b], slot_of(g.src_slot, b));
+        return ka < kb;
+    };
+    for (std::int64_t v = 0; v < n; ++v) {
+        auto first = adj.in_edges.begin() + adj.in_offsets[v];
+        auto last = adj.in_edges.begin() + adj.in_offsets[v + 1];
+        if (last - first > 1 && !std::is_sorted(first, last, by_slot)) std::sort(first, last, by_slot);
+    }
+    return adj;
+}
+
+std::vector<std::int32_t> topo_order(const GraphView& g, const Adjacency& adj) {
+    const std::int64_t n = g.n_nodes;
+    std::vector<std::int32_t> order;
+    order.reserve(static_cast<std::size_t>(n));
+    // Fast path: ONNX requires topologically sorted nodes, so most inputs already are;
+    // the smallest-index rule then returns the identity.
+    bool sorted = true;
+    for (std::int64_t k = 0; k < g.n_edges && sorted; ++k) sorted = g.src[k] < g.dst[k];
+    if (sorted) {
+        for (std::int64_t v = 0; v < n; ++v) order.push_back(static_cast<std::int32_t>(v));
+        return order;
+    }
+    std::vector<std::int32_t> indegree(static_cast<std::size_t>(n));
+    for (std::int64_t v = 0; v < n; ++v)
+        indegree[v] = static_cast<std::int32_t>(adj.in_offsets[v + 1] - adj.in_offsets[v]);
+    std::priority_queue<std::int32_t, std::vector<std::int32_t>, std::greater<std::int32_t>> ready;
+    for (std::int64_t v = 0; v < n; ++v)
+        if (indegree[v] == 0) ready.push(static_cast<std::int32_t>(v));
+    while (!ready.empty()) {
+        const std::int32_t v = ready.top();
+        ready.pop();
+        order.push_back(v);
+        for (std::int64_t k = adj.out_offsets[v]; k < adj.out_offsets[v + 1]; ++k)
+            if (--indegree[adj.out_nodes[k]] == 0) ready.push(adj.out_nodes[k]);
+    }
+    if (static_cast<std::int64_t>(order.size()) != n) throw_cycle(g, adj, indegree);
+    return order;
+}
+
+Split split_sequences(const GraphView& g, int G) {
+    const Adjacency adj = build_adjacency(g);
+    return split_sequences(g, adj, topo_order(g, adj), G);
+}
+
+Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& order, int G) {
+    if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
+    if (g.n_nodes > 0 && g.digests == nullptr) throw std::invalid_argument("layer digests are required to split");
+    const std::int64_t n = g.n_nodes;
+    std::vector<std::int64_t> position(static_cast<std::size_t>(n));
+    for (std::int64_t p = 0; p < n; ++p) position[order[p]] = p;
+
+    Split out;
+    out.offsets.reserve(static_cast<std::size_t>(n / G + 2));
+    out.members.reserve(static_cast<std::size_t>(n));
+    out.offsets.push_back(0);
+    WindowSets sets;
+
+    // Sequence digest canonical form v1 (docs/digests.md): magic, version, member count,
+    // member digests in window order, internal edges, then external inputs with the
+    // sharing of external sources made explicit.
+    struct ExternalInput {
+        std::uint32_t dst_local, dst_slot;
+        std::int32_t src, src_slot;
+    };
+    std::vector<std::uint32_t> internal;  // 4 words per edge
+    std::vector<ExternalInput> external;
+    std::vector<std::pair<std::int64_t, std::uint32_t>> groups;  // (src node << 32 | slot) -> group id
+
+    auto emit = [&](std::int64_t begin, std::int64_t size) {
+        internal.clear();
+        external.clear();
+        for (std::int64_t local = 0; local < size; ++local) {
+            const std::int32_t v = order[begin + local];
+            for (std::int64_t k = adj.in_offsets[v]; k < adj.in_offsets[v + 1]; ++k) {
+                const std::int32_t e = adj.in_edges[k];
+                const std::int64_t p = position[g.src[e]];
+                if (p >= begin && p < begin + size) {
+                    internal.push_back(static_cast<std::uint32_t>(p - begin));
+                    internal.push_back(static_cast<std::uint32_t>(slot_of(g.src_slot, e)));
+                    internal.push_back(static_cast<std::uint32_t>(local));
+                    internal.push_back(static_cast<std::uint32_t>(slot_of(g.dst_slot, e)));
+                } else {
+                    external.push_back({static_cast<std::uint32_t>(local),
+                                        static_cast<std::uint32_t>(slot_of(g.dst_slot, e)), g.src[e],
+                                        slot_of(g.src_slot, e)});
+                }
+            }
+        }
+        Blake2b128 h;
+        h.update("DLBSEQ\0\0", 8);
+        h.update_u32(kSequenceDigestVersion);
+        h.update_u32(static_cast<std::uint32_t>(size));
+        for (std::int64_t local = 0; local < size; ++local) {
+            const std::int32_t v = order[begin + local];
+            h.update(g.digests[v].bytes.data(), 16);
+            out.members.push_back(v);
+        }
+        // Internal edges come out ordered by (dst_local, dst_slot, ...) already, because
+        // members are visited in order and each node's inputs are sorted by slot.
+        h.update_u32(static_cast<std::uint32_t>(internal.size() / 4));
+        for (std::uint32_t w : internal) h.update_u32(w);
+        h.update_u32(static_cast<std::uint32_t>(external.size()));
+        groups.clear();
+        for (const ExternalInput& x : external) {
+            const std::int64_t key = (static_cast<std::int64_t>(x.src) << 32) | static_cast<std::uint32_t>(x.src_slot);
+            std::uint32_t group = static_cast<std::uint32_t>(groups.size());
+            for (const auto& kv : groups)
+                if (kv.first == key) {
+                    group = kv.second;
+                    break;
+                }
+            if (group == groups.size()) groups.emplace_back(key, group);
+            h.update_u32(x.dst_local);
+            h.update_u32(x.dst_slot);
+            h.update_u32(group);
+        }
+        out.digests.push_back(h.finish());
+        out.offsets.push_back(static_cast<std::int64_t>(out.members.size()));
+    };
+
+    auto window_connected = [&](std::int64_t begin, std::int64_t size) {
+        if (size == 1) return true;
+        sets.reset(static_cast<std::size_t>(size));
+        std::int64_t components = size;
+        for (std::int64_t local = 0; local < size; ++local) {
+            const std::int32_t v = order[begin + local];
+            for (std::int64_t k = adj.in_offsets[v]; k < adj.in_offsets[v + 1]; ++k) {
+                const std::int64_t p = position[g.src[adj.in_edges[k]]];
+                if (p >= begin && p < begin + size &&
+                    sets.unite(static_cast<std::int32_t>(p - begin), static_cast<std::int32_t>(local)))
+                    if (--components == 1) return true;
+            }
+        }
+        return components == 1;
+    };
+
+    std::int64_t i = 0;
+    while (i < n) {
+        const std::int64_t size = std::min<std::int64_t>(G, n - i);
+        if (window_connected(i, size)) {
+            emit(i, size);
+            i += size;
+        } else {
+            emit(i, 1);
+            i += 1;
+        }
+    }
+    return out;
+}
+
+CriticalPath critical_path(const GraphView& g, const double* weights) {
+    const Adjacency adj = build_adjacency(g);
+    const std::vector<std::int32_t> order = topo_order(g, adj);
+    const std::int64_t n = g.n_nodes;
+    for (std::int64_t v = 0; v < n; ++v)
+        if (!(weights[v] >= 0.0) || !std::isfinite(weights[v]))
+            throw std::invalid_argument("weight of node " + std::to_string(v) + " must be finite and >= 0, got " +
+                                        std::to_string(weights[v]));
+    std::vector<double> finish(static_cast<std::size_t>(n), 0.0);
+    std::vector<std::int32_t> best_pred(static_cast<std::size_t>(n), -1);
+    CriticalPath result;
+    std::int32_t end = -1;
+    for (std::int32_t v : order) {
+        double start = 0.0;
+        for (std::int64_t k = adj.in_offsets[v]; k < adj.in_offsets[v + 1]; ++k) {
+            const std::int32_t u = g.src[adj.in_edges[k]];
+            if (best_pred[v] < 0 || finish[u] > start || (finish[u] == start && u < best_pred[v])) {
+                start = finish[u];
+                best_pred[v] = u;
+            }
+        }
+        finish[v] = start + weights[v];
+        if (end < 0 || finish[v] > finish[end] || (finish[v] == finish[end] && v < end)) end = v;
+    }
+    if (end >= 0) {
+        result.length = finish[end];
+        for (std::int32_t v = end; v >= 0; v = best_pred[v]) result.path.push_back(v);
+        std::reverse(result.path.begin(), result.path.end());
+    }
+    return result;
+}
+
+}  // namespace dlbricks

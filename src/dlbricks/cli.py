@@ -1,0 +1,72 @@
+"""The ``dlbricks`` command line.
+
+Each subcommand lives in ``dlbricks.commands.<name>`` and exports
+``add_parser(subparsers)`` (which registers it and sets ``func``) and the function
+it points at, ``run(args) -> int``. Results go to stdout, diagnostics to stderr.
+Exit codes: 0 ok, 1 failure (bad model, failed run), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dlbricks import __version__
+from dlbricks.model import DlbricksError
+
+# Order here is the order in `dlbricks --help`.
+_COMMANDS = [
+    "demo",
+    "analyze",
+    "generate",
+    "bench",
+    "construct",
+    "evaluate",
+    "report",
+    "results",
+    "profile",
+    "roofline",
+]
+
+
+class UsageError(DlbricksError):
+    """A usage error detected after argument parsing (exit code 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dlbricks",
+        description="Benchmark DL models cheaply: decompose into bricks, dedup, time, reconstruct.",
+    )
+    parser.add_argument("--version", action="version", version=f"dlbricks {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMANDS:
+        try:
+            module = importlib.import_module(f"dlbricks.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"dlbricks.commands.{name}":
+                continue  # command not available in this build
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"dlbricks {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except DlbricksError as exc:
+        print(f"dlbricks {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"dlbricks {args.command}: interrupted", file=sys.stderr)
+        return 130

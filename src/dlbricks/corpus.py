@@ -1,0 +1,250 @@
+"""Corpus-wide dedup of layers and sequences (the C++ core does the heavy lifting)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dlbricks import _core
+from dlbricks.graph import GraphLike, Split, _check_graph
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusSplit:
+    """All models split at one ``G`` and their sequences united by digest.
+
+    Attributes:
+        G: the granularity.
+        seq_model_offsets: model ``i`` owns sequences ``[a, b)`` of the flat lists.
+        seq_offsets, seq_members: flat sequence membership (model-local layer indices).
+        seq_ids: unique-sequence id of every sequence.
+        unique_digests: (U, 16) digests of the unique sequences, first-appearance order.
+        unique_first: flat index of each unique sequence's first occurrence.
+    """
+
+    G: int
+    seq_model_offsets: np.ndarray
+    seq_offsets: np.ndarray
+    seq_members: np.ndarray
+    seq_ids: np.ndarray
+    unique_digests: np.ndarray
+    unique_first: np.ndarray
+
+    @property
+    def n_unique(self) -> int:
+        return int(self.unique_digests.shape[0])
+
+    @property
+    def n_sequences(self) -> int:
+        return int(self.seq_ids.shape[0])
+
+    def model_split(self, i: int) -> Split:
+        """Model ``i``'s own :class:`Split` (offsets rebased to its members)."""
+        a, b = int(self.seq_model_offsets[i]), int(self.seq_model_offsets[i + 1])
+        offs = self.seq_offsets[a : b + 1]
+        members = self.seq_members[offs[0] : offs[-1]]
+        digests = self.unique_digests[self.seq_ids[a:b]]
+        return Split(self.G, (offs - offs[0]).astype(np.int64), members, digests)
+
+    def model_seq_ids(self, i: int) -> np.ndarray:
+        """Unique-sequence ids of model ``i``'s sequences, in its split order."""
+        return self.seq_ids[self.seq_model_offsets[i] : self.seq_model_offsets[i + 1]]
+
+    def occurrences(self) -> np.ndarray:
+        """(n_models, n_unique) int64 matrix: how often each unique sequence occurs per model."""
+        m = len(self.seq_model_offsets) - 1
+        model_of_seq = np.repeat(np.arange(m), np.diff(self.seq_model_offsets))
+        out = np.zeros((m, self.n_unique), dtype=np.int64)
+        np.add.at(out, (model_of_seq, self.seq_ids), 1)
+        return out
+
+    def first_occurrence(self, u: int) -> tuple[int, np.ndarray]:
+        """(model index, model-local layer indices) of unique sequence ``u``'s first occurrence."""
+        flat = int(self.unique_first[u])
+        model = int(np.searchsorted(self.seq_model_offsets, flat, side="right") - 1)
+        return model, self.seq_members[self.seq_offsets[flat] : self.seq_offsets[flat + 1]]
+
+
+class Corpus:
+    """A set of models, deduplicated by layer and by sequence.
+
+    Args:
+        graphs: Models (from :func:`dlbricks.load`) or :class:`~dlbricks.graph.Graph`s.
+        names: labels (default: each graph's ``name``).
+
+    Raises:
+        TypeError: an element is not a Graph/Model.
+        ValueError: a graph is malformed (the message names the model).
+    """
+
+    def __init__(self, graphs: Sequence[GraphLike], names: Sequence[str] | None = None) -> None:
+        graphs = list(graphs)
+        for g in graphs:
+            _check_graph(g)
+        self.graphs = graphs
+        self.names = list(names) if names is not None else [str(getattr(g, "name", f"model{i}")) for i, g in enumerate(graphs)]
+        if len(self.names) != len(graphs):
+            raise ValueError(f"{len(self.names)} names for {len(graphs)} models")
+        node_counts = [g.digests.shape[0] for g in graphs]
+        edge_counts = [g.edge_src.shape[0] for g in graphs]
+        self.node_offsets = np.concatenate([[0], np.cumsum(node_counts, dtype=np.int64)]).astype(np.int64)
+        self.edge_offsets = np.concatenate([[0], np.cumsum(edge_counts, dtype=np.int64)]).astype(np.int64)
+
+        def cat(attr: str, dtype: type, default_zero: bool = False) -> np.ndarray:
+            parts = []
+            for g in graphs:
+                a = getattr(g, attr)
+                if a is None and default_zero:
+                    a = np.zeros(g.edge_src.shape[0], dtype=dtype)
+                parts.append(np.asarray(a, dtype=dtype))
+            return np.ascontiguousarray(np.concatenate(parts) if parts else np.empty(0, dtype))
+
+        self.digests = np.ascontiguousarray(
+            np.concatenate([g.digests for g in graphs]) if graphs else np.empty((0, 16), np.uint8)
+        )
+        self._src = cat("edge_src", np.int32)
+        self._dst = cat("edge_dst", np.int32)
+        self._src_slot = cat("edge_src_slot", np.int32, default_zero=True)
+        self._dst_slot = cat("edge_dst_slot", np.int32, default_zero=True)
+        self._splits: dict[int, CorpusSplit] = {}
+        self._layer_ids: np.ndarray | None = None
+        self._unique_layer_first: np.ndarray | None = None
+
+    # -- layers -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.node_offsets[-1])
+
+    @property
+    def layer_ids(self) -> np.ndarray:
+        """Unique-layer id of every layer of the corpus (models concatenated)."""
+        if self._layer_ids is None:
+            self.split(1)
+        assert self._layer_ids is not None
+        return self._layer_ids
+
+    @property
+    def n_unique_layers(self) -> int:
+        self.layer_ids  # noqa: B018  (computes on first use)
+        assert self._unique_layer_first is not None
+        return int(self._unique_layer_first.shape[0])
+
+    @property
+    def unique_layer_digests(self) -> np.ndarray:
+        self.layer_ids  # noqa: B018
+        return self.digests[self._unique_layer_first]
+
+    def model_layer_ids(self, i: int) -> np.ndarray:
+        return self.layer_ids[self.node_offsets[i] : self.node_offsets[i + 1]]
+
+    def unique_layer_first(self, u: int) -> tuple[int, int]:
+        """(model index, local layer index) of unique layer ``u``'s first occurrence."""
+        self.layer_ids  # noqa: B018
+        assert self._unique_layer_first is not None
+        flat = int(self._unique_layer_first[u])
+        model = int(np.searchsorted(self.node_offsets, flat, side="right") - 1)
+        return model, flat - int(self.node_offsets[model])
+
+    # -- sequences ---------------------------------------------------------------
+    def split(self, G: int) -> CorpusSplit:
+        """Split every model at ``G`` and dedup the sequences (cached per ``G``).
+
+        Raises:
+            ValueError: ``G < 1`` or a malformed model (the message names it).
+        """
+        if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
+            raise TypeError(f"G must be an int, got {type(G).__name__}")
+        G = int(G)
+        if G not in self._splits:
+            try:
+                r = _core.dedup_corpus(
+                    self.node_offsets,
+                    self.edge_offsets,
+                    self.digests,
+                    self._src,
+                    self._dst,
+                    self._src_slot,
+                    self._dst_slot,
+                    G,
+                )
+            except ValueError as exc:
+                raise ValueError(self._name_model(str(exc))) from None
+            self._layer_ids = r["layer_ids"]
+            self._unique_layer_first = r["unique_layer_first"]
+            self._splits[G] = CorpusSplit(
+                G,
+                r["seq_model_offsets"],
+                r["seq_offsets"],
+                r["seq_members"],
+                r["seq_ids"],
+                r["unique_seq_digests"],
+                r["unique_seq_first"],
+            )
+        return self._splits[G]
+
+    def _name_model(self, message: str) -> str:
+        # The core names models by index; users know them by name.
+        if message.startswith("model "):
+            head, _, rest = message.partition(": ")
+            try:
+                i = int(head.split()[1])
+                return f"{self.names[i]}: {rest}"
+            except (ValueError, IndexError):
+                pass
+        return message
+
+    # -- similarity and statistics -------------------------------------------------
+    def jaccard(self) -> np.ndarray:
+        """(m, m) Jaccard similarity of the models' layer sets."""
+        return _core.jaccard_matrix(self.node_offsets, self.layer_ids)
+
+    def model_stats(self, i: int, Gs: Sequence[int] = (1,)) -> dict:
+        """Statistics of model ``i``: layers, unique layers, sequences per G, repeated types."""
+        ids = self.model_layer_ids(i)
+        n = int(ids.shape[0])
+        unique = int(np.unique(ids).shape[0])
+        stats: dict = {
+            "name": self.names[i],
+            "layers": n,
+            "unique_layers": unique,
+            "unique_layer_pct": 100.0 * unique / n if n else 0.0,
+            "sequences": {},
+            "repeated_layer_types": {},
+        }
+        for G in Gs:
+            sp = self.split(G)
+            seq = sp.model_seq_ids(i)
+            stats["sequences"][str(G)] = {"sequences": int(seq.shape[0]), "unique_sequences": int(np.unique(seq).shape[0])}
+        layers = getattr(self.graphs[i], "layers", None)
+        if layers is not None:
+            # A repeat is every occurrence of a layer after its first within the model.
+            seen: set[int] = set()
+            repeated: Counter[str] = Counter()
+            for layer, lid in zip(layers, ids.tolist()):
+                if lid in seen:
+                    repeated[layer.kind] += 1
+                seen.add(lid)
+            stats["repeated_layer_types"] = dict(repeated.most_common())
+        return stats
+
+    def stats(self, Gs: Sequence[int] = (1,)) -> dict:
+        """Corpus statistics: totals, unique layers and unique sequences per G."""
+        n = self.n_layers
+        u = self.n_unique_layers if n else 0
+        out: dict = {
+            "models": len(self),
+            "layers": n,
+            "unique_layers": u,
+            "unique_layer_pct": 100.0 * u / n if n else 0.0,
+            "sequences": {},
+        }
+        for G in Gs:
+            sp = self.split(G)
+            out["sequences"][str(G)] = {"sequences": sp.n_sequences, "unique_sequences": sp.n_unique}
+        return out

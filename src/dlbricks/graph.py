@@ -1,0 +1,176 @@
+"""Graph-level API over the C++ core: topological order, split, critical path.
+
+Everything here works on flat arrays, so programmatically built graphs (an
+architecture-search space of a million small models, say) can be analysed without
+writing ONNX files. A :class:`~dlbricks.model.Model` is accepted wherever a
+:class:`Graph` is, since it carries the same arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from dlbricks import _core
+
+SEQUENCE_DIGEST_VERSION: int = _core.SEQUENCE_DIGEST_VERSION
+
+
+@runtime_checkable
+class GraphLike(Protocol):
+    """Anything with per-layer digests and slot-annotated activation edges."""
+
+    digests: np.ndarray
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_src_slot: np.ndarray | None
+    edge_dst_slot: np.ndarray | None
+
+
+@dataclass(slots=True)
+class Graph:
+    """A layer graph as flat arrays.
+
+    Args:
+        digests: (n, 16) uint8, one 16-byte layer digest per layer.
+        edge_src, edge_dst: int32 arrays, one entry per activation edge (layer indices).
+        edge_src_slot, edge_dst_slot: output/input slot of each edge; None means 0.
+        name: a label used in messages and reports.
+    """
+
+    digests: np.ndarray
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_src_slot: np.ndarray | None = None
+    edge_dst_slot: np.ndarray | None = None
+    name: str = "graph"
+
+    def __post_init__(self) -> None:
+        self.digests = _as_digests(self.digests)
+        self.edge_src = np.ascontiguousarray(self.edge_src, dtype=np.int32)
+        self.edge_dst = np.ascontiguousarray(self.edge_dst, dtype=np.int32)
+        if self.edge_src_slot is not None:
+            self.edge_src_slot = np.ascontiguousarray(self.edge_src_slot, dtype=np.int32)
+        if self.edge_dst_slot is not None:
+            self.edge_dst_slot = np.ascontiguousarray(self.edge_dst_slot, dtype=np.int32)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.digests.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A partition of a graph's layers into sequences (bricks) at granularity ``G``.
+
+    Sequence ``s`` holds layers ``members[offsets[s]:offsets[s+1]]`` in topological
+    order; ``digests[s]`` is its 16-byte sequence digest.
+    """
+
+    G: int
+    offsets: np.ndarray
+    members: np.ndarray
+    digests: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def sequence(self, s: int) -> np.ndarray:
+        """Layer indices of sequence ``s``."""
+        return self.members[self.offsets[s] : self.offsets[s + 1]]
+
+    def sequences(self) -> list[np.ndarray]:
+        return [self.sequence(s) for s in range(len(self))]
+
+    def sequence_of_layer(self) -> np.ndarray:
+        """int32 array: the sequence index of every layer."""
+        out = np.empty(len(self.members), dtype=np.int32)
+        out[self.members] = np.repeat(np.arange(len(self), dtype=np.int32), np.diff(self.offsets))
+        return out
+
+    def hex_digests(self) -> list[str]:
+        return [bytes(d).hex() for d in self.digests]
+
+
+def _as_digests(digests: np.ndarray) -> np.ndarray:
+    arr = np.asarray(digests)
+    if arr.dtype != np.uint8 or arr.ndim != 2 or arr.shape[1] != 16:
+        raise ValueError(f"digests must be a (n, 16) uint8 array, got {arr.dtype} {arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+def _check_graph(graph: object) -> None:
+    if not isinstance(graph, GraphLike):
+        raise TypeError(f"expected a dlbricks Graph or Model, got {type(graph).__name__}")
+
+
+def topo_order(graph: GraphLike) -> np.ndarray:
+    """Deterministic topological order of a graph's layers.
+
+    Among ready layers the one with the smallest index goes first, so a node list
+    that is already topological comes back unchanged.
+
+    Returns:
+        int32 array, a permutation of ``range(n_layers)``.
+    Raises:
+        ValueError: an edge names a missing layer, or the graph has a cycle (the
+            message names a layer on it).
+    """
+    _check_graph(graph)
+    return _core.topo_order(graph.digests.shape[0], graph.edge_src, graph.edge_dst)
+
+
+def split(graph: GraphLike, G: int) -> Split:
+    """The DLBricks split of a graph into sequences of at most ``G`` layers.
+
+    Rule: walk the topological order; if the next ``min(G, left)`` layers form a weakly
+    connected window (through edges inside it) they become one sequence, otherwise the
+    first layer alone does and the window moves on by one layer.
+
+    Raises:
+        TypeError: ``graph`` is not a Graph/Model; ``G`` is not an int.
+        ValueError: ``G < 1``, a bad edge, or a cycle.
+    """
+    _check_graph(graph)
+    if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
+        raise TypeError(f"G must be an int, got {type(G).__name__}")
+    offsets, members, digests = _core.split_sequences(
+        graph.digests,
+        graph.edge_src,
+        graph.edge_dst,
+        graph.edge_src_slot,
+        graph.edge_dst_slot,
+        int(G),
+    )
+    return Split(int(G), offsets, members, digests)
+
+
+def critical_path(graph: GraphLike, weights: np.ndarray) -> tuple[float, np.ndarray]:
+    """Longest path through the graph where layer ``i`` weighs ``weights[i]``.
+
+    Returns:
+        (length, path): the path's layer indices, source first.
+    Raises:
+        ValueError: negative or non-finite weight, wrong length, cycle.
+    """
+    _check_graph(graph)
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    if w.shape != (graph.digests.shape[0],):
+        raise ValueError(f"weights must have shape ({graph.digests.shape[0]},), got {w.shape}")
+    return _core.critical_path(w, graph.edge_src, graph.edge_dst)
+
+
+def sequence_graph(graph: GraphLike, split_: Split) -> tuple[np.ndarray, np.ndarray]:
+    """Edges of the graph of sequences (each pair once, no self-loops).
+
+    Returns:
+        (src, dst) int32 arrays of sequence indices.
+    """
+    of = split_.sequence_of_layer()
+    s = of[graph.edge_src]
+    d = of[graph.edge_dst]
+    keep = s != d
+    pairs = np.unique(np.stack([s[keep], d[keep]], axis=1), axis=0) if keep.any() else np.empty((0, 2), np.int32)
+    return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32)

@@ -1,0 +1,158 @@
+"""The in-memory model that every part of dlbricks works on.
+
+A :class:`Model` is an ONNX graph after loading (see :mod:`dlbricks.onnx_io`):
+constants are folded away, every remaining node is a :class:`Layer` with concrete
+input and output types, and the graph is also available as flat arrays (per-layer
+digests and slot-annotated edges) in the form the C++ core consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+
+class DlbricksError(Exception):
+    """A user-facing error: one line that names the file (or object) and the cause."""
+
+
+class ModelError(DlbricksError):
+    """A model cannot be analysed (bad file, bad graph, unresolved shapes...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    """Element type (an ``onnx.TensorProto.DataType`` value) and a concrete shape."""
+
+    elem_type: int
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def dtype(self) -> np.dtype:
+        import onnx.helper
+
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.elem_type))
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def __str__(self) -> str:  # e.g. float32[1x3x224x224]
+        return f"{self.dtype.name}[{'x'.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True, slots=True)
+class ConstInput:
+    """A constant that feeds one input of a layer.
+
+    ``role == "weight"``: identity by dtype and shape only; ``value`` is None (the
+    bytes are never needed to analyse, and are synthesised to benchmark).
+    ``role == "param"``: an integer tensor or a tiny constant that changes what the
+    op does (Reshape's shape, Slice's starts, Pad's pads...); identity by value and
+    ``value`` is always present.
+    """
+
+    name: str
+    type: TensorType
+    role: Literal["weight", "param"]
+    value: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class Layer:
+    """One node of the folded graph."""
+
+    index: int
+    name: str
+    op_type: str
+    domain: str  # "" for the default ONNX domain
+    node: "onnx.NodeProto"  # attributes (and subgraphs of control-flow ops) live here
+    inputs: tuple[str, ...]  # as in the node; "" marks an omitted optional input
+    outputs: tuple[str, ...]
+    input_types: tuple[TensorType | None, ...]  # None for omitted optional inputs
+    output_types: tuple[TensorType | None, ...]  # None for omitted optional outputs
+    constants: dict[int, ConstInput]  # input slot -> constant; others are activations
+    digest: bytes  # 16 bytes; see dlbricks.digest for the canonical form
+
+    @property
+    def kind(self) -> str:
+        """``op_type`` qualified by domain when not the default domain."""
+        return f"{self.domain}::{self.op_type}" if self.domain not in ("", "ai.onnx") else self.op_type
+
+    def activation_slots(self) -> list[int]:
+        """Input slots fed by activations (not constants, not omitted)."""
+        return [i for i, n in enumerate(self.inputs) if n and i not in self.constants]
+
+
+@dataclass(slots=True)
+class Model:
+    """A loaded, folded, shape-inferred model.
+
+    ``edge_*`` arrays describe activation edges between layers: the value produced at
+    output slot ``edge_src_slot[k]`` of layer ``edge_src[k]`` is read at input slot
+    ``edge_dst_slot[k]`` of layer ``edge_dst[k]``. They are int32 and sorted by
+    (dst, dst_slot). ``digests`` is a (n_layers, 16) uint8 array of layer digests.
+    """
+
+    name: str
+    path: str | None
+    ir_version: int
+    opset_imports: dict[str, int]
+    layers: list[Layer]
+    inputs: list[tuple[str, TensorType]]  # activation graph inputs (initializers excluded)
+    outputs: list[tuple[str, TensorType]]
+    edge_src: np.ndarray
+    edge_src_slot: np.ndarray
+    edge_dst: np.ndarray
+    edge_dst_slot: np.ndarray
+    digests: np.ndarray
+    # Name of a folded constant -> its type (weights and params alike).
+    constant_types: dict[str, TensorType] = field(default_factory=dict)
+    # Materialises a folded constant's real value on demand (reads external data or
+    # evaluates its ConstantOfShape chain). Analysis never calls it.
+    _materialize: Callable[[str], np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def constant_value(self, name: str) -> np.ndarray:
+        """The real value of a folded constant (weights included), computed on demand.
+
+        Raises:
+            KeyError: ``name`` is not a constant of this model.
+        """
+        if name not in self.constant_types:
+            raise KeyError(f"{self.name}: {name!r} is not a constant")
+        if self._materialize is None:
+            raise DlbricksError(f"{self.name}: constant values are not available for this model")
+        return self._materialize(name)
+
+    def producers(self) -> dict[str, tuple[int, int]]:
+        """Tensor name -> (layer index, output slot) for every layer output."""
+        out: dict[str, tuple[int, int]] = {}
+        for layer in self.layers:
+            for slot, name in enumerate(layer.outputs):
+                if name:
+                    out[name] = (layer.index, slot)
+        return out
+
+    def consumers(self) -> dict[str, list[tuple[int, int]]]:
+        """Tensor name -> [(layer index, input slot)] for every activation input."""
+        out: dict[str, list[tuple[int, int]]] = {}
+        for layer in self.layers:
+            for slot in layer.activation_slots():
+                out.setdefault(layer.inputs[slot], []).append((layer.index, slot))
+        return out

@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from dlbricks import __version__
-from dlbricks.model import DlbricksError
+from dlbricks.model import DlbricksError, UsageError
 
 # Order here is the order in `dlbricks --help`.
 _COMMANDS = [
@@ -28,10 +28,6 @@ _COMMANDS = [
     "profile",
     "roofline",
 ]
-
-
-class UsageError(DlbricksError):
-    """A usage error detected after argument parsing (exit code 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,156 @@
+"""Corpus loading with per-model error handling, and the ``analyze`` report."""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from dlbricks.corpus import Corpus
+from dlbricks.model import DlbricksError, Model, ModelError, UsageError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class LoadedCorpus:
+    """Models that loaded, and one error line per model that did not."""
+
+    models: list[Model]
+    errors: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    load_s: float = 0.0
+
+
+def load_corpus(
+    paths: Sequence[str | Path],
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    *,
+    strict: bool = False,
+    on_warning: Callable[[str], None] | None = None,
+) -> LoadedCorpus:
+    """Load every ONNX model under ``paths``; a bad model is recorded and skipped.
+
+    Args:
+        paths: files or folders (searched recursively for ``*.onnx``).
+        input_shapes: concrete shapes for symbolic graph inputs, by input name.
+        strict: re-raise the first bad model's error instead of skipping it.
+        on_warning: called with each loader warning as one line (default: collected).
+
+    Returns:
+        the models, the errors and the warnings.
+    Raises:
+        DlbricksError: a missing path or a folder without models; with ``strict``, a bad model.
+    """
+    from dlbricks.onnx_io import iter_model_paths, load
+
+    try:
+        files = iter_model_paths(paths)
+    except ModelError:
+        raise
+    except DlbricksError as exc:  # a missing path or an empty folder: the user's call
+        raise UsageError(str(exc)) from None
+    out = LoadedCorpus(models=[])
+    start = time.perf_counter()
+    for f in files:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out.models.append(load(f, input_shapes))
+            except ModelError as exc:
+                if strict:
+                    raise
+                out.errors.append({"path": str(f), "error": str(exc)})
+        for w in caught:
+            line = str(w.message)
+            out.warnings.append(line)
+            if on_warning is not None:
+                on_warning(line)
+    out.load_s = time.perf_counter() - start
+    if not out.models and out.errors:
+        raise ModelError(f"no model could be loaded ({len(out.errors)} failed; first: {out.errors[0]['error']})")
+    return out
+
+
+def analyze(models: Sequence[Model], Gs: Sequence[int] = (1, 2, 3)) -> dict:
+    """The analysis of a corpus as one JSON-ready dict (schema in README)."""
+    from dlbricks.digest import LAYER_DIGEST_VERSION
+    from dlbricks.graph import SEQUENCE_DIGEST_VERSION
+
+    if not models:
+        raise DlbricksError("nothing to analyse: no models")
+    corpus = Corpus(models)
+    start = time.perf_counter()
+    corpus_stats = corpus.stats(Gs)
+    per_model = []
+    for i, m in enumerate(models):
+        s = corpus.model_stats(i, Gs)
+        s["path"] = m.path
+        per_model.append(s)
+    jac = corpus.jaccard()
+    core_s = time.perf_counter() - start
+    corpus_stats["jaccard"] = {"names": corpus.names, "matrix": [[round(float(v), 6) for v in row] for row in jac]}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "digest_versions": {"layer": LAYER_DIGEST_VERSION, "sequence": SEQUENCE_DIGEST_VERSION},
+        "G": list(Gs),
+        "models": per_model,
+        "corpus": corpus_stats,
+        "timing": {"core_s": core_s},
+    }
+
+
+def render_analysis(result: dict, errors: Sequence[dict[str, str]] = ()) -> str:
+    """Readable tables for ``dlbricks analyze``."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(record=True, width=160, file=open(__import__("os").devnull, "w"))
+    Gs = result["G"]
+    t = Table(title="Models", title_justify="left")
+    t.add_column("model")
+    t.add_column("layers", justify="right")
+    t.add_column("unique", justify="right")
+    t.add_column("unique %", justify="right")
+    for G in Gs:
+        t.add_column(f"seq G={G} (uniq)", justify="right")
+    t.add_column("most repeated types")
+    for m in result["models"]:
+        seqs = [f"{m['sequences'][str(G)]['sequences']} ({m['sequences'][str(G)]['unique_sequences']})" for G in Gs]
+        rep = ", ".join(f"{k} {v}" for k, v in list(m["repeated_layer_types"].items())[:4]) or "-"
+        t.add_row(m["name"], str(m["layers"]), str(m["unique_layers"]), f"{m['unique_layer_pct']:.1f}", *seqs, rep)
+    console.print(t)
+    c = result["corpus"]
+    ct = Table(title="Corpus", title_justify="left")
+    ct.add_column("models", justify="right")
+    ct.add_column("layers", justify="right")
+    ct.add_column("unique layers", justify="right")
+    for G in Gs:
+        ct.add_column(f"unique seq G={G}", justify="right")
+    ct.add_row(
+        str(c["models"]),
+        str(c["layers"]),
+        f"{c['unique_layers']} ({c['unique_layer_pct']:.1f}%)",
+        *[f"{c['sequences'][str(G)]['unique_sequences']} of {c['sequences'][str(G)]['sequences']}" for G in Gs],
+    )
+    console.print(ct)
+    names = c["jaccard"]["names"]
+    if len(names) > 1:
+        jt = Table(title="Jaccard similarity of layer sets", title_justify="left")
+        jt.add_column("")
+        short = [n[:10] for n in names]
+        for s in short:
+            jt.add_column(s, justify="right")
+        for n, row in zip(short, c["jaccard"]["matrix"]):
+            jt.add_row(n, *[f"{v:.2f}" for v in row])
+        console.print(jt)
+    for e in errors:
+        console.print(f"skipped {e['path']}: {e['error']}", markup=False)
+    return console.export_text()
+
+
+def print_err(line: str) -> None:
+    print(f"dlbricks: warning: {line}", file=sys.stderr)

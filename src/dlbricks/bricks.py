@@ -1,0 +1,449 @@
+"""Brick generation: each unique layer sequence becomes a standalone, runnable ONNX model.
+
+A brick holds the sequence's nodes with their attributes. Weights are synthesised
+(seeded from the brick's digest, so a brick's bytes are reproducible) or, for checks
+against the source model, taken from it. Parameter-like constants (Reshape's shape,
+Slice's starts, tiny constants) are copied by value. Every activation entering from
+outside the window becomes a graph input with a concrete shape; every value a member
+produces and no member consumes becomes a graph output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Literal, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dlbricks.model import DlbricksError, Layer, Model, TensorType
+
+WeightsMode = Literal["synthetic", "source"]
+
+# Ops whose integer input indexes a dimension of another input: (index slot, data slot,
+# axis attribute or None for "axis 0 of the data", default axis). The runner keeps such
+# synthetic inputs inside the indexed dimension.
+_INDEXING_OPS: dict[str, tuple[int, int, str | None, int]] = {
+    "Gather": (1, 0, "axis", 0),
+    "GatherElements": (1, 0, "axis", 0),
+    "ScatterElements": (1, 0, "axis", 0),
+    "Scatter": (1, 0, "axis", 0),
+    "GatherND": (1, 0, None, 0),
+    "ScatterND": (1, 0, None, 0),
+    "Embedding": (1, 0, None, 0),
+}
+
+# Inputs that must be positive for the op to be valid (op type -> slots).
+_POSITIVE_SLOTS: dict[str, tuple[int, ...]] = {
+    "BatchNormalization": (1, 4),  # scale (kept near 1) and variance > 0
+    "InstanceNormalization": (1,),
+    "LayerNormalization": (1,),
+    "GroupNormalization": (1,),
+}
+
+
+@dataclass(slots=True)
+class BrickInfo:
+    """What the manifest records for one generated brick."""
+
+    digest: str
+    G: int
+    layers: int
+    op_types: list[str]
+    inputs: dict[str, str]  # graph input name -> type, e.g. "float32[1x64x56x56]"
+    outputs: dict[str, str]
+    int_bounds: dict[str, int] = field(default_factory=dict)  # integer input -> exclusive bound
+    occurrences: dict[str, int] = field(default_factory=dict)  # model name -> count
+    weight_bytes: int = 0
+    file: str = ""
+    source_model: str = ""
+    source_layers: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _seed_from(digest: bytes | str, seed: int) -> int:
+    raw = bytes.fromhex(digest) if isinstance(digest, str) else bytes(digest)
+    return (int.from_bytes(raw[:8], "little") ^ (seed * 0x9E3779B97F4A7C15)) & (2**63 - 1)
+
+
+_BLOCK = 1 << 16  # synthetic weights repeat a seeded block of this many values
+
+
+def synthesize(ttype: TensorType, rng: np.random.Generator, *, op_type: str = "", slot: int = -1) -> np.ndarray:
+    """A synthetic weight: dtype-correct, seeded, and in a numerically benign range.
+
+    Floats never come near the denormal range: multi-dimensional weights are uniform
+    with variance ``1/fan_in`` so activations keep their magnitude through a brick;
+    inputs that must be positive (BatchNormalization's variance and scale) are drawn
+    from [0.5, 1.5]. Values repeat a seeded block of 64K: dense kernels do not care,
+    and it keeps generating VGG-19's 400 MB of weights fast.
+    """
+    dtype = ttype.dtype
+    shape = ttype.shape
+    n = ttype.numel
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 4, size=shape).astype(dtype)
+    if slot in _POSITIVE_SLOTS.get(op_type, ()):
+        low, high = 0.5, 1.5
+    elif len(shape) >= 2:
+        fan_in = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+        high = float(np.sqrt(3.0 / fan_in))
+        low = -high
+    else:
+        low, high = -0.1, 0.1
+    block = rng.uniform(low, high, size=min(n, _BLOCK)).astype(np.float32)
+    values = np.resize(block, n) if n > _BLOCK else block
+    return values.reshape(shape).astype(dtype, copy=False)
+
+
+def _value_info(name: str, ttype: TensorType) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, ttype.elem_type, list(ttype.shape))
+
+
+def _int_bound(layer: Layer, slot: int) -> int | None:
+    spec = _INDEXING_OPS.get(layer.op_type)
+    if spec is None or spec[0] != slot:
+        return None
+    _, data_slot, axis_attr, default_axis = spec
+    data_type = layer.input_types[data_slot] if data_slot < len(layer.input_types) else None
+    if data_type is None or not data_type.shape:
+        return None
+    axis = default_axis
+    if axis_attr is not None:
+        for a in layer.node.attribute:
+            if a.name == axis_attr:
+                axis = a.i
+    axis = axis % len(data_type.shape)
+    return int(data_type.shape[axis])
+
+
+def generate_brick(
+    model: Model,
+    members: Sequence[int],
+    *,
+    weights: WeightsMode = "synthetic",
+    seed: int = 0,
+    digest: bytes | str = b"\0" * 16,
+    G: int = 0,
+    weights_file: str | os.PathLike[str] | None = None,
+) -> tuple[onnx.ModelProto, BrickInfo]:
+    """Build one brick: the layers ``members`` of ``model`` as a standalone ONNX model.
+
+    Args:
+        model: the loaded source model.
+        members: layer indices, in topological order.
+        weights: "synthetic" (seeded from ``digest`` and ``seed``) or "source" (the real
+            values, via ``model.constant_value``).
+        seed: user seed mixed into the synthetic weights.
+        digest: the sequence digest (names the brick, seeds its weights).
+        G: the granularity the brick was split at (recorded only).
+        weights_file: if given, weights are written there (raw, page-aligned) and the
+            model refers to them as ONNX external data by the file's base name, so the
+            model must be saved in the same folder. Keeps big weights out of protobuf,
+            which would copy them several times.
+
+    Returns:
+        (ModelProto, BrickInfo).
+    Raises:
+        DlbricksError: ``members`` is empty or names a missing layer.
+    """
+    if len(members) == 0:
+        raise DlbricksError(f"{model.name}: a brick needs at least one layer")
+    layers: list[Layer] = []
+    for i in members:
+        if not 0 <= int(i) < len(model.layers):
+            raise DlbricksError(f"{model.name}: layer index {i} out of range")
+        layers.append(model.layers[int(i)])
+    rng = np.random.default_rng(_seed_from(digest, seed))
+
+    produced_inside = {name for layer in layers for name in layer.outputs if name}
+    consumed_inside = {layer.inputs[s] for layer in layers for s in layer.activation_slots()}
+
+    graph_inputs: list[onnx.ValueInfoProto] = []
+    seen_inputs: set[str] = set()
+    initializers: list[TensorProto] = []
+    seen_constants: set[str] = set()
+    int_bounds: dict[str, int] = {}
+    weight_bytes = 0
+    sink = _WeightSink(Path(weights_file)) if weights_file is not None else None
+
+    for layer in layers:
+        for slot, name in enumerate(layer.inputs):
+            if not name:
+                continue
+            const = layer.constants.get(slot)
+            if const is not None:
+                if name in seen_constants:
+                    continue
+                seen_constants.add(name)
+                if const.role == "param":
+                    assert const.value is not None
+                    value = np.asarray(const.value)
+                elif weights == "source":
+                    value = np.asarray(model.constant_value(name))
+                else:
+                    value = synthesize(const.type, rng, op_type=layer.op_type, slot=slot)
+                    weight_bytes += value.nbytes
+                if sink is not None and const.role == "weight" and value.nbytes >= 1024:
+                    initializers.append(sink.add(name, value))
+                else:
+                    initializers.append(numpy_helper.from_array(value, name))
+                continue
+            if name in produced_inside or name in seen_inputs:
+                continue
+            ttype = layer.input_types[slot]
+            if ttype is None:
+                raise DlbricksError(f"{model.name}: input {name!r} of layer {layer.name!r} has no known type")
+            seen_inputs.add(name)
+            graph_inputs.append(_value_info(name, ttype))
+            bound = _int_bound(layer, slot)
+            if bound is not None and np.issubdtype(ttype.dtype, np.integer):
+                int_bounds[name] = bound
+
+    graph_outputs: list[onnx.ValueInfoProto] = []
+    for layer in layers:
+        for slot, name in enumerate(layer.outputs):
+            if name and name not in consumed_inside:
+                ttype = layer.output_types[slot]
+                if ttype is None:
+                    continue
+                graph_outputs.append(_value_info(name, ttype))
+    if not graph_outputs:  # every output is consumed inside: expose the last layer's
+        last = layers[-1]
+        for slot, name in enumerate(last.outputs):
+            if name and last.output_types[slot] is not None:
+                graph_outputs.append(_value_info(name, last.output_types[slot]))
+
+    if sink is not None:
+        sink.close()
+    hex_digest = digest if isinstance(digest, str) else bytes(digest).hex()
+    nodes = [_copy_node(layer) for layer in layers]
+    graph = helper.make_graph(nodes, f"brick_{hex_digest[:12]}", graph_inputs, graph_outputs, initializers)
+    opsets = [helper.make_opsetid(domain, version) for domain, version in sorted(model.opset_imports.items())]
+    proto = helper.make_model(graph, opset_imports=opsets, producer_name="dlbricks")
+    # IR < 4 would require every initializer to be listed as a graph input as well,
+    # which would turn the weights into feedable inputs; IR 4 keeps the source opset.
+    proto.ir_version = max(int(model.ir_version), 4)
+
+    info = BrickInfo(
+        digest=hex_digest,
+        G=G,
+        layers=len(layers),
+        op_types=[layer.kind for layer in layers],
+        inputs={vi.name: str(_type_of(vi)) for vi in graph_inputs},
+        outputs={vi.name: str(_type_of(vi)) for vi in graph_outputs},
+        int_bounds=int_bounds,
+        weight_bytes=weight_bytes,
+        source_model=model.name,
+        source_layers=[layer.name for layer in layers],
+    )
+    return proto, info
+
+
+class _WeightSink:
+    """Appends raw little-endian tensors to one file and returns external-data TensorProtos."""
+
+    _ALIGN = 4096  # page-aligned offsets let onnxruntime map the weights instead of copying
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh = open(path, "wb")
+        self.offset = 0
+
+    def add(self, name: str, value: np.ndarray) -> TensorProto:
+        pad = (-self.offset) % self._ALIGN
+        if pad:
+            self.fh.write(b"\0" * pad)
+            self.offset += pad
+        data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+        self.fh.write(memoryview(data).cast("B"))
+        t = TensorProto()
+        t.name = name
+        t.data_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+        t.dims.extend(value.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, val in (("location", self.path.name), ("offset", str(self.offset)), ("length", str(data.nbytes))):
+            entry = t.external_data.add()
+            entry.key = key
+            entry.value = val
+        self.offset += data.nbytes
+        return t
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _copy_node(layer: Layer) -> onnx.NodeProto:
+    node = onnx.NodeProto()
+    node.CopyFrom(layer.node)
+    if not node.name:
+        node.name = layer.name
+    return node
+
+
+def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
+    t = vi.type.tensor_type
+    return TensorType(t.elem_type, tuple(d.dim_value for d in t.shape.dim))
+
+
+def check_brick(proto: onnx.ModelProto | str, *, label: str | None = None) -> None:
+    """Full ONNX check (structure plus strict shape inference) of a model or a saved file.
+
+    Raises:
+        DlbricksError: the brick is not a valid model.
+    """
+    if label is None:
+        label = proto if isinstance(proto, str) else proto.graph.name
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DlbricksError(f"{label}: generated brick fails the ONNX checker: {first}") from None
+
+
+def write_brick(
+    model: Model,
+    members: Sequence[int],
+    path: str | os.PathLike[str],
+    *,
+    weights: WeightsMode = "synthetic",
+    seed: int = 0,
+    digest: bytes | str = b"\0" * 16,
+    G: int = 0,
+    check: bool = True,
+) -> tuple[onnx.ModelProto, BrickInfo]:
+    """Generate a brick and write it to ``path`` (weights in ``path + '.data'``).
+
+    Both files appear atomically (written under temporary names, then renamed), so an
+    interrupted run never leaves a half-written brick behind.
+
+    Raises:
+        DlbricksError: the brick fails the ONNX checker.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data_path = path.with_name(path.name + ".data")
+    tmp_data = path.with_name(path.name + ".data.tmp")
+    proto, info = generate_brick(model, members, weights=weights, seed=seed, digest=digest, G=G, weights_file=tmp_data)
+    for t in proto.graph.initializer:  # refer to the final name of the weights file
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = data_path.name
+    tmp = path.with_name(path.name + ".tmp")
+    onnx.save_model(proto, str(tmp))
+    if tmp_data.stat().st_size:
+        os.replace(tmp_data, data_path)
+    else:
+        tmp_data.unlink()
+    if check:
+        try:
+            # Checking the saved file lets the checker resolve the external weights
+            # next to it without loading them.
+            check_brick(str(tmp), label=path.name)
+        except DlbricksError:
+            tmp.unlink()
+            raise
+    os.replace(tmp, path)
+    info.file = path.name
+    return proto, info
+
+
+def iter_unique_bricks(models: Sequence[Model], G: int) -> Iterator[tuple[str, Model, np.ndarray, dict[str, int]]]:
+    """Yield (digest hex, source model, member layer indices, occurrences per model)
+    for every unique sequence of the corpus at granularity ``G``, first-appearance order."""
+    from dlbricks.corpus import Corpus
+
+    corpus = Corpus(models)
+    sp = corpus.split(G)
+    occ = sp.occurrences()
+    for u in range(sp.n_unique):
+        model_index, members = sp.first_occurrence(u)
+        counts = {corpus.names[m]: int(occ[m, u]) for m in range(len(models)) if occ[m, u]}
+        yield bytes(sp.unique_digests[u]).hex(), models[model_index], members, counts
+
+
+def generate_bricks(
+    models: Sequence[Model],
+    G: int,
+    out_dir: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    check: bool = True,
+    progress: "Iterable | None" = None,
+) -> list[BrickInfo]:
+    """Write ``out_dir/<digest>.onnx`` for every unique sequence at ``G`` plus ``manifest.json``.
+
+    Bricks are built and written one at a time, so memory holds one brick's weights.
+    An existing brick file is kept (bricks are deterministic per digest and seed).
+
+    Returns:
+        the manifest entries.
+    Raises:
+        DlbricksError: a brick fails the checker (names the brick and the cause).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    infos: list[BrickInfo] = []
+    for hex_digest, model, members, counts in iter_unique_bricks(models, G):
+        path = out / f"{hex_digest}.onnx"
+        if path.exists():  # bricks are deterministic per digest and seed
+            _, info = generate_brick(model, members, seed=seed, digest=hex_digest, G=G, weights_file=os.devnull)
+        else:
+            proto, info = write_brick(model, members, path, seed=seed, digest=hex_digest, G=G, check=check)
+            del proto
+        info.occurrences = counts
+        info.file = path.name
+        infos.append(info)
+        if progress is not None:
+            progress.advance()  # type: ignore[attr-defined]
+    manifest = {
+        "schema_version": 1,
+        "G": G,
+        "seed": seed,
+        "models": [m.name for m in models],
+        "bricks": [i.to_dict() for i in infos],
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return infos
+
+
+def model_digest(model: Model) -> str:
+    """A 128-bit digest of a whole model's computation (hex): the layer digests in
+    topological order plus the slot-annotated edges, names excluded. Keys end-to-end
+    results in the store."""
+    import hashlib
+
+    from dlbricks.graph import topo_order
+
+    order = topo_order(model)
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order), dtype=order.dtype)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"DLBMODEL" + (1).to_bytes(4, "little") + len(order).to_bytes(4, "little"))
+    h.update(np.ascontiguousarray(model.digests[order]).tobytes())
+    edges = np.stack(
+        [position[model.edge_src], model.edge_src_slot, position[model.edge_dst], model.edge_dst_slot], axis=1
+    ).astype("<u4")
+    edges = edges[np.lexsort(edges.T[::-1])] if len(edges) else edges
+    h.update(len(edges).to_bytes(4, "little"))
+    h.update(edges.tobytes())
+    return h.hexdigest()
+
+
+def whole_model(model: Model, *, weights: WeightsMode = "synthetic", seed: int = 0) -> tuple[onnx.ModelProto, BrickInfo]:
+    """The whole model as one brick, with weights synthesised exactly as bricks get them.
+
+    End-to-end runs use this, so end-to-end and brick timings see the same kind of
+    weights (the light models' own weights are all zeros).
+    """
+    return generate_brick(
+        model, list(range(model.n_layers)), weights=weights, seed=seed, digest=model_digest(model), G=model.n_layers
+    )

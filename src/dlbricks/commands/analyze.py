@@ -1,0 +1,30 @@
+"""``dlbricks analyze``: layers, bricks and dedup statistics of a corpus."""
+
+from __future__ import annotations
+
+import argparse
+
+from dlbricks.commands._common import add_model_args, add_output_args, emit, parse_g_list, parse_input_shapes
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyze", help="decompose models into layers and bricks; dedup statistics")
+    add_model_args(p)
+    p.add_argument("-G", default="1,2,3", metavar="LIST", help="granularities, e.g. 1,2,3 or 1-5 (default 1,2,3)")
+    add_output_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dlbricks.analysis import analyze, load_corpus, print_err, render_analysis
+
+    Gs = parse_g_list(args.G)
+    shapes = parse_input_shapes(args.input_shape)
+    loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
+    for e in loaded.errors:
+        print_err(f"skipped {e['error']}")
+    result = analyze(loaded.models, Gs)
+    result["errors"] = loaded.errors
+    result["timing"]["load_s"] = loaded.load_s
+    emit(args, None if args.json else render_analysis(result, loaded.errors), result)
+    return 0

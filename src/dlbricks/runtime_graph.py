@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dlbricks.model import ModelError
+from dlbricks.model import Model, ModelError
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -125,3 +125,21 @@ def _ort_type_to_numpy(type_str: str) -> np.dtype:
     inner = type_str[len("tensor(") : -1] if type_str.startswith("tensor(") else "float"
     mapping = {"float": np.float32, "double": np.float64, "float16": np.float16, "bool": np.bool_, "string": np.object_}
     return np.dtype(mapping.get(inner, inner))
+
+
+def runtime_models(models: "list[Model]", *, level: str = "default", input_shapes: dict | None = None) -> "list[Model]":
+    """Reload each model as the graph onnxruntime executes (same names, ``path`` kept).
+
+    Raises:
+        ModelError: a model has no path (in-memory models are optimised from their proto
+            only when passed to :func:`optimized_model` directly) or fails to optimise.
+    """
+    from dlbricks.onnx_io import load
+
+    out = []
+    for m in models:
+        if m.path is None:
+            raise ModelError(f"{m.name}: --runtime-graph needs the model's file")
+        proto = optimized_model(m.path, level=level, input_shapes=input_shapes)
+        out.append(load(proto, input_shapes, name=m.name))
+    return out

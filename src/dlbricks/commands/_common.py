@@ -118,3 +118,120 @@ def _json_default(o: Any) -> Any:
 
 def warn(message: str) -> None:
     print(f"dlbricks: warning: {message}", file=sys.stderr)
+
+
+def add_store_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", metavar="PATH", help="results store (default: ~/.cache/dlbricks/results.sqlite)")
+
+
+def add_runner_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("runner")
+    g.add_argument("--threads", type=positive_int, default=1, help="onnxruntime intra-op threads (default 1)")
+    g.add_argument("--inter-threads", type=positive_int, default=1, help="onnxruntime inter-op threads (default 1)")
+    g.add_argument("--execution-mode", choices=["sequential", "parallel"], default="sequential")
+    g.add_argument(
+        "--opt-level",
+        choices=["default", "disable", "basic", "extended", "all"],
+        default="default",
+        help="onnxruntime graph optimisation level (default: onnxruntime's default)",
+    )
+    g.add_argument("--cores", metavar="LIST", help="pin to these CPUs, e.g. 1 or 0-3 (default: the last CPU)")
+    g.add_argument("--no-pin", action="store_true", help="do not pin to CPUs")
+    g.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up iterations (default 5)")
+    g.add_argument("--warmup-time", type=float, default=0.05, metavar="S", help="minimum warm-up seconds (default 0.05)")
+    g.add_argument("--min-iters", type=int, default=10, metavar="N", help="minimum timed iterations (default 10)")
+    g.add_argument("--min-time", type=float, default=0.2, metavar="S", help="minimum timed seconds (default 0.2)")
+    g.add_argument("--max-time", type=float, default=2.0, metavar="S", help="time cap per brick (default 2.0)")
+    g.add_argument("--target-ci", type=float, default=0.01, metavar="F",
+                   help="stop once the 95%% CI of the median is within +/-F (default 0.01)")
+    g.add_argument("--timeout", type=float, default=120.0, metavar="S", help="per-brick timeout (default 120)")
+    g.add_argument("--allow-denormals", action="store_true", help="do not flush denormals to zero")
+    g.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and inputs")
+
+
+def parse_cores(text: str | None) -> tuple[int, ...]:
+    """``0-3,6`` -> (0, 1, 2, 3, 6).
+
+    Raises:
+        UsageError: malformed, or a CPU this process may not use.
+    """
+    if text is None:
+        return ()
+    cores: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                a, b = part.split("-", 1)
+                cores.update(range(int(a), int(b) + 1))
+            else:
+                cores.add(int(part))
+    except ValueError:
+        raise UsageError(f"--cores {text!r}: expected CPU ids like 0-3,6") from None
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    bad = sorted(cores - allowed)
+    if bad:
+        raise UsageError(f"--cores {text!r}: CPU {bad[0]} is not available (allowed: {sorted(allowed)})")
+    if not cores:
+        raise UsageError("--cores: no CPU given")
+    return tuple(sorted(cores))
+
+
+def runner_config(args: argparse.Namespace, jobs: int = 1) -> "RunnerConfig":
+    """A RunnerConfig from the runner options; by default pinned to the last CPU(s)."""
+    from dlbricks.timing import RunnerConfig
+
+    cores: tuple[int, ...] | None
+    if args.no_pin:
+        cores = None
+    elif args.cores:
+        cores = parse_cores(args.cores)
+    else:
+        # The last CPUs: CPU 0 usually takes more interrupts and housekeeping.
+        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        need = max(1, args.threads) * max(1, jobs)
+        cores = tuple(allowed[-need:]) if len(allowed) >= need else tuple(allowed)
+    if jobs == 1 and cores is not None and len(cores) > args.threads:
+        cores = cores[: args.threads] if args.cores is None else cores
+    try:
+        return RunnerConfig(
+            intra_op_threads=args.threads,
+            inter_op_threads=args.inter_threads,
+            execution_mode=args.execution_mode,
+            graph_optimization=args.opt_level,
+            cores=cores,
+            warmup_iters=args.warmup,
+            warmup_time=args.warmup_time,
+            min_iters=args.min_iters,
+            min_time=args.min_time,
+            max_time=args.max_time,
+            target_ci=args.target_ci,
+            denormals_as_zero=not args.allow_denormals,
+            timeout_s=args.timeout,
+        )
+    except Exception as exc:
+        raise UsageError(str(exc)) from None
+
+
+def open_store(args: argparse.Namespace, *, readonly: bool = False) -> "Store":
+    from dlbricks.store import Store
+
+    return Store(getattr(args, "store", None), readonly=readonly)
+
+
+def load_models(args: argparse.Namespace) -> list:
+    """Load the PATHs (skipping bad models unless --strict), optionally as runtime graphs."""
+    from dlbricks.analysis import load_corpus, print_err
+
+    shapes = parse_input_shapes(args.input_shape)
+    loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
+    for e in loaded.errors:
+        print_err(f"skipped {e['error']}")
+    models = loaded.models
+    if getattr(args, "runtime_graph", False):
+        from dlbricks.runtime_graph import runtime_models
+
+        models = runtime_models(models, level=getattr(args, "opt_level", "default"), input_shapes=shapes)
+    return models

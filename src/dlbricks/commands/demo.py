@@ -1,0 +1,104 @@
+"""``dlbricks demo``: the whole job on the nine models shipped with onnx.
+
+analyze -> generate (G=1,2,3) -> bench (bricks and whole models) -> evaluate ->
+report, in one work folder, with progress on stderr and the summary on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dlbricks.commands._common import add_runner_args, parse_g_list, runner_config
+
+
+def default_corpus_dir() -> Path:
+    """The light model-zoo networks bundled with the onnx package."""
+    import onnx
+
+    return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="run the whole job on the nine light models shipped with onnx")
+    p.add_argument("-o", "--output-dir", dest="workdir", metavar="DIR", help="work folder (default: a new temporary one)")
+    p.add_argument("--models", nargs="+", metavar="PATH", help="other models instead of the bundled ones")
+    p.add_argument("-G", default="1,2,3", metavar="LIST", help="granularities (default 1,2,3)")
+    p.add_argument("--store", metavar="PATH", help="results store (default: results.sqlite in the work folder)")
+    p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
+    p.add_argument("--json", action="store_true", help="print the evaluation as JSON instead of tables")
+    add_runner_args(p)
+    # The demo must fit in minutes on two cores: shorter sampling than `bench`'s
+    # defaults, still with the adaptive stop at +/-1% of the median.
+    p.set_defaults(func=run, min_time=0.1, max_time=1.0, warmup_time=0.03)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dlbricks.analysis import analyze, load_corpus, print_err
+    from dlbricks.bricks import generate_bricks
+    from dlbricks.commands.evaluate import render_evaluation
+    from dlbricks.pipeline import evaluate
+    from dlbricks.report import build_report
+    from dlbricks.store import Store
+    from dlbricks.sysinfo import system_fingerprint
+
+    t0 = time.perf_counter()
+    Gs = parse_g_list(args.G)
+    config = runner_config(args)
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dlbricks-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    paths = args.models or [str(default_corpus_dir())]
+
+    def step(text: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+    step(f"work folder: {work}")
+    loaded = load_corpus(paths, on_warning=print_err)
+    for e in loaded.errors:
+        print_err(f"skipped {e['error']}")
+    models = loaded.models
+    step(f"analyze: {len(models)} models")
+    analysis = analyze(models, Gs)
+    (work / "analysis.json").write_text(json.dumps(analysis, indent=1))
+    c = analysis["corpus"]
+    step(f"  {c['layers']} layers, {c['unique_layers']} unique ({c['unique_layer_pct']:.1f}%); unique bricks "
+         + ", ".join(f"G={G}: {c['sequences'][str(G)]['unique_sequences']}" for G in Gs))
+
+    bricks_models = models
+    if args.runtime_graph:
+        from dlbricks.runtime_graph import runtime_models
+
+        step("runtime graph: optimising every model with onnxruntime")
+        bricks_models = runtime_models(models, level=args.opt_level)
+    for G in Gs:
+        infos = generate_bricks(bricks_models, G, work / "bricks" / f"G{G}", seed=args.seed)
+        step(f"generate G={G}: {len(infos)} bricks -> {work / 'bricks' / f'G{G}'}")
+
+    store_path = Path(args.store) if args.store else work / "results.sqlite"
+    with Store(store_path) as store:
+        step(f"bench + evaluate (store {store_path}); bricks already measured are reused")
+        result = evaluate(
+            bricks_models,
+            Gs,
+            store=store,
+            config=config,
+            seed=args.seed,
+            progress=sys.stderr.isatty(),
+            e2e_models=models if args.runtime_graph else None,
+        )
+        result["runtime_graph"] = bool(args.runtime_graph)
+        (work / "evaluation.json").write_text(json.dumps(result, indent=1))
+        html = build_report(analysis, result, store=store, fingerprint=system_fingerprint())
+    report = work / "report.html"
+    report.write_text(html)
+    step("done")
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    else:
+        sys.stdout.write(render_evaluation(result))
+        sys.stdout.write(f"\nreport: {report}\nwork folder: {work}  ({time.perf_counter() - t0:.0f} s)\n")
+    return 0

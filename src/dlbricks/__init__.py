@@ -23,7 +23,7 @@ from dlbricks.model import ConstInput, DlbricksError, Layer, Model, ModelError, 
 # Heavier parts load on first use, so `import dlbricks` stays fast.
 _LAZY = {
     "load": ("dlbricks.onnx_io", "load"),
-    "load_corpus": ("dlbricks.onnx_io", "load_corpus"),
+    "load_corpus": ("dlbricks.analysis", "load_corpus"),
     "LAYER_DIGEST_VERSION": ("dlbricks.digest", "LAYER_DIGEST_VERSION"),
     "Runner": ("dlbricks.timing", "Runner"),
     "RunnerConfig": ("dlbricks.timing", "RunnerConfig"),

@@ -1,0 +1,543 @@
+"""Layer identity: a 128-bit digest over a canonical, name-free byte form of a layer.
+
+Two layers get the same digest exactly when they would run the same computation on
+tensors of the same types: same operator (domain, type, schema version), same
+attributes, same input/output types, same values for "param" constants. Weight values,
+tensor names and node names never count. The byte layout is documented in
+``docs/digests.md``; any change to it must bump :data:`LAYER_DIGEST_VERSION`
+(digests key persisted results).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import struct
+from typing import Iterable, Literal, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto
+
+from dlbricks.model import ConstInput, TensorType
+
+__all__ = [
+    "LAYER_DIGEST_VERSION",
+    "LAYER_MAGIC",
+    "constant_role",
+    "layer_canonical_bytes",
+    "layer_digest",
+]
+
+LAYER_DIGEST_VERSION = 1
+LAYER_MAGIC = b"DLBRICKS-LAYER\x00"
+
+# Scalars are "params" whatever their dtype (Clip bounds, a scalar Mul, Pad's constant
+# value, Range's start/limit/delta...): cheap to compare, and they change what the op does.
+PARAM_MAX_ELEMENTS = 1
+# int32/int64 constants up to this many elements are "params" too: ONNX uses these
+# dtypes for shapes, axes, starts/ends, pads, repeats and indices, whose values change
+# what the op computes (and a synthetic value could make the op fail).
+INT_PARAM_MAX_ELEMENTS = 4096
+_INDEX_DTYPES = frozenset({TensorProto.INT32, TensorProto.INT64})
+# Float inputs whose values shape the computation (resize factors), by (op, slot).
+# Other small float vectors are weights: conv biases of 4 or 16 channels must not
+# keep otherwise identical layers apart.
+_FLOAT_PARAM_SLOTS = frozenset({("Resize", 1), ("Resize", 2), ("Upsample", 1)})
+
+# Input tags.
+_IN_OMITTED, _IN_ACTIVATION, _IN_WEIGHT, _IN_PARAM = 0, 1, 2, 3
+# Output tags.
+_OUT_OMITTED, _OUT_TYPED, _OUT_UNKNOWN = 0, 1, 2
+# Reference kinds inside a subgraph.
+_REF_OMITTED, _REF_INPUT, _REF_INIT, _REF_NODE, _REF_ENCLOSING, _REF_OUTER = 0, 1, 2, 3, 4, 5
+# TypeProto kinds.
+_TP_NONE, _TP_TENSOR, _TP_SEQUENCE, _TP_MAP, _TP_OPTIONAL, _TP_SPARSE = 0, 1, 2, 3, 4, 5
+
+_CANONICAL_NAN32 = struct.pack("<I", 0x7FC00000)
+
+
+def constant_role(t: TensorType, op_type: str = "", slot: int = -1) -> Literal["weight", "param"]:
+    """Classify a constant layer input as a weight (identity by type) or a param (by value).
+
+    Args:
+        t: the constant's type.
+        op_type: the default-domain op it feeds ("" when unknown).
+        slot: the input slot it feeds (-1 when unknown).
+
+    Returns:
+        ``"param"`` for scalars, for int32/int64 tensors of at most 4096 elements, and
+        for the scales/roi inputs of Resize and Upsample; ``"weight"`` otherwise.
+    """
+    n = t.numel
+    if n <= PARAM_MAX_ELEMENTS:
+        return "param"
+    if t.elem_type in _INDEX_DTYPES and n <= INT_PARAM_MAX_ELEMENTS:
+        return "param"
+    if (op_type, slot) in _FLOAT_PARAM_SLOTS and n <= INT_PARAM_MAX_ELEMENTS:
+        return "param"
+    return "weight"
+
+
+class _Writer:
+    """Accumulates the canonical form; every integer is fixed-width little-endian."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def u8(self, v: int) -> None:
+        self.parts.append(struct.pack("<B", v))
+
+    def u32(self, v: int) -> None:
+        self.parts.append(struct.pack("<I", v))
+
+    def i64(self, v: int) -> None:
+        self.parts.append(struct.pack("<q", v))
+
+    def i64s(self, vs: Sequence[int]) -> None:
+        self.parts.append(struct.pack(f"<{len(vs)}q", *vs))
+
+    def f32(self, v: float) -> None:
+        # All NaNs are one value; otherwise the IEEE bits (so -0.0 != 0.0).
+        self.parts.append(_CANONICAL_NAN32 if math.isnan(v) else struct.pack("<f", v))
+
+    def text(self, s: str | bytes) -> None:
+        b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        self.parts.append(struct.pack("<I", len(b)))
+        self.parts.append(b)
+
+    def raw(self, b: bytes) -> None:
+        self.parts.append(b)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _norm_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _tensor_type_bytes(t: TensorType) -> bytes:
+    n = len(t.shape)
+    return struct.pack(f"<II{n}q", t.elem_type, n, *t.shape)
+
+
+def _write_tensor_type(w: _Writer, t: TensorType) -> None:
+    # Layers repeat a few types many times; the cache makes this a lookup.
+    w.raw(_tensor_type_bytes(t))
+
+
+def _write_values(w: _Writer, arr: np.ndarray) -> None:
+    """Element values in C order; the element count follows from the shape written before."""
+    if arr.dtype.kind in ("O", "U", "S"):
+        for item in arr.reshape(-1).tolist():
+            w.text(item)
+        return
+    a = np.ascontiguousarray(arr)
+    if a.dtype.kind == "f" and a.size and np.isnan(a).any():
+        a = a.copy()
+        a[np.isnan(a)] = np.nan  # one NaN bit pattern
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    w.raw(a.tobytes())
+
+
+def _write_tensor_proto(w: _Writer, t: TensorProto, *, values: bool) -> None:
+    """dtype, dims, then a flag and (when ``values``) the element values."""
+    w.u32(t.data_type)
+    w.u32(len(t.dims))
+    w.i64s(list(t.dims))
+    if not values:
+        w.u8(0)
+        return
+    if t.data_location == TensorProto.EXTERNAL:
+        # The bytes live in another file that analysis never reads.
+        w.u8(2)
+        return
+    w.u8(1)
+    _write_values(w, onnx.numpy_helper.to_array(t))
+
+
+def _write_sparse_proto(w: _Writer, sp: onnx.SparseTensorProto, *, values: bool) -> None:
+    w.u32(len(sp.dims))
+    w.i64s(list(sp.dims))
+    _write_tensor_proto(w, sp.values, values=values)
+    _write_tensor_proto(w, sp.indices, values=values)
+
+
+def _write_type_proto(w: _Writer, tp: onnx.TypeProto) -> None:
+    kind = tp.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        tt = getattr(tp, kind)
+        w.u8(_TP_TENSOR if kind == "tensor_type" else _TP_SPARSE)
+        w.u32(tt.elem_type)
+        if not tt.HasField("shape"):
+            w.u8(0)
+            return
+        w.u8(1)
+        w.u32(len(tt.shape.dim))
+        for d in tt.shape.dim:
+            which = d.WhichOneof("value")
+            if which == "dim_value":
+                w.u8(1)
+                w.i64(d.dim_value)
+            elif which == "dim_param":
+                w.u8(2)
+                w.text(d.dim_param)
+            else:
+                w.u8(0)
+    elif kind == "sequence_type":
+        w.u8(_TP_SEQUENCE)
+        _write_type_proto(w, tp.sequence_type.elem_type)
+    elif kind == "optional_type":
+        w.u8(_TP_OPTIONAL)
+        _write_type_proto(w, tp.optional_type.elem_type)
+    elif kind == "map_type":
+        w.u8(_TP_MAP)
+        w.u32(tp.map_type.key_type)
+        _write_type_proto(w, tp.map_type.value_type)
+    else:
+        w.u8(_TP_NONE)
+
+
+def _attr_type(a: AttributeProto) -> int:
+    """The attribute's type; very old models leave ``type`` unset, so guess from the fields."""
+    if a.type:
+        return a.type
+    for field, typ in (
+        ("f", AttributeProto.FLOAT),
+        ("i", AttributeProto.INT),
+        ("s", AttributeProto.STRING),
+        ("t", AttributeProto.TENSOR),
+        ("g", AttributeProto.GRAPH),
+        ("sparse_tensor", AttributeProto.SPARSE_TENSOR),
+        ("tp", AttributeProto.TYPE_PROTO),
+    ):
+        if a.HasField(field):
+            return typ
+    for field, typ in (
+        ("floats", AttributeProto.FLOATS),
+        ("ints", AttributeProto.INTS),
+        ("strings", AttributeProto.STRINGS),
+        ("tensors", AttributeProto.TENSORS),
+        ("graphs", AttributeProto.GRAPHS),
+        ("sparse_tensors", AttributeProto.SPARSE_TENSORS),
+        ("type_protos", AttributeProto.TYPE_PROTOS),
+    ):
+        if len(getattr(a, field)):
+            return typ
+    return AttributeProto.UNDEFINED
+
+
+class _Scopes:
+    """Name resolution for subgraphs: a stack of name->ref maps plus the outer table.
+
+    Names defined outside the layer (the model tensors a control-flow body reads) get
+    indices in order of first reference; the layer's canonical form ends with their types.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[dict[str, tuple[int, ...]]] = []
+        self.outer: dict[str, int] = {}
+
+    def write_ref(self, w: _Writer, name: str) -> None:
+        if not name:
+            w.u8(_REF_OMITTED)
+            return
+        for depth, scope in enumerate(reversed(self.stack)):
+            ref = scope.get(name)
+            if ref is None:
+                continue
+            if depth:
+                w.u8(_REF_ENCLOSING)
+                w.u32(depth)
+            w.u8(ref[0])
+            for x in ref[1:]:
+                w.u32(x)
+            return
+        idx = self.outer.setdefault(name, len(self.outer))
+        w.u8(_REF_OUTER)
+        w.u32(idx)
+
+
+def _write_graph(w: _Writer, g: onnx.GraphProto, scopes: _Scopes) -> None:
+    """A subgraph by structure only: wiring is by position, never by name."""
+    scope: dict[str, tuple[int, ...]] = {}
+    for i, vi in enumerate(g.input):
+        scope[vi.name] = (_REF_INPUT, i)
+    for j, init in enumerate(g.initializer):
+        scope[init.name] = (_REF_INIT, j)
+    n_dense = len(g.initializer)
+    for j, sp in enumerate(g.sparse_initializer):
+        scope[sp.values.name] = (_REF_INIT, n_dense + j)
+    for k, node in enumerate(g.node):
+        for s, out in enumerate(node.output):
+            if out:
+                scope[out] = (_REF_NODE, k, s)
+    scopes.stack.append(scope)
+    try:
+        w.u32(len(g.input))
+        for vi in g.input:
+            _write_type_proto(w, vi.type)
+        w.u32(n_dense + len(g.sparse_initializer))
+        for init in g.initializer:
+            t = TensorType(init.data_type, tuple(init.dims))
+            _write_tensor_proto(w, init, values=constant_role(t) == "param")
+        for sp in g.sparse_initializer:
+            _write_sparse_proto(w, sp, values=False)
+        w.u32(len(g.node))
+        for node in g.node:
+            w.text(_norm_domain(node.domain))
+            w.text(node.op_type)
+            _write_attributes(w, node.attribute, scopes, defaults=None)
+            ins = _strip_trailing(node.input)
+            w.u32(len(ins))
+            for name in ins:
+                scopes.write_ref(w, name)
+            outs = _strip_trailing(node.output)
+            w.u32(len(outs))
+            for name in outs:
+                w.u8(1 if name else 0)
+        w.u32(len(g.output))
+        for vi in g.output:
+            scopes.write_ref(w, vi.name)
+            _write_type_proto(w, vi.type)
+    finally:
+        scopes.stack.pop()
+
+
+def _write_attr_value(w: _Writer, a: AttributeProto, typ: int, scopes: _Scopes) -> None:
+    A = AttributeProto
+    if typ == A.FLOAT:
+        w.f32(a.f)
+    elif typ == A.INT:
+        w.i64(a.i)
+    elif typ == A.STRING:
+        w.text(a.s)
+    elif typ == A.TENSOR:
+        _write_tensor_proto(w, a.t, values=True)
+    elif typ == A.GRAPH:
+        _write_graph(w, a.g, scopes)
+    elif typ == A.SPARSE_TENSOR:
+        _write_sparse_proto(w, a.sparse_tensor, values=True)
+    elif typ == A.TYPE_PROTO:
+        _write_type_proto(w, a.tp)
+    elif typ == A.FLOATS:
+        w.u32(len(a.floats))
+        for f in a.floats:
+            w.f32(f)
+    elif typ == A.INTS:
+        w.u32(len(a.ints))
+        w.i64s(list(a.ints))
+    elif typ == A.STRINGS:
+        w.u32(len(a.strings))
+        for s in a.strings:
+            w.text(s)
+    elif typ == A.TENSORS:
+        w.u32(len(a.tensors))
+        for t in a.tensors:
+            _write_tensor_proto(w, t, values=True)
+    elif typ == A.GRAPHS:
+        w.u32(len(a.graphs))
+        for g in a.graphs:
+            _write_graph(w, g, scopes)
+    elif typ == A.SPARSE_TENSORS:
+        w.u32(len(a.sparse_tensors))
+        for sp in a.sparse_tensors:
+            _write_sparse_proto(w, sp, values=True)
+    elif typ == A.TYPE_PROTOS:
+        w.u32(len(a.type_protos))
+        for tp in a.type_protos:
+            _write_type_proto(w, tp)
+    # UNDEFINED: the type tag alone.
+
+
+def _attr_body(a: AttributeProto, scopes: _Scopes) -> bytes:
+    """Type tag, reference flag and value of one attribute (its name excluded)."""
+    w = _Writer()
+    typ = _attr_type(a)
+    w.u8(typ)
+    if a.ref_attr_name:
+        # Inside a function body: the value comes from the caller's attribute.
+        w.u8(1)
+        w.text(a.ref_attr_name)
+    else:
+        w.u8(0)
+        _write_attr_value(w, a, typ, scopes)
+    return w.getvalue()
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_defaults(op_type: str, op_version: int) -> dict[str, bytes]:
+    """Canonical bodies of the default-domain schema's attribute defaults."""
+    try:
+        schema = onnx.defs.get_schema(op_type, op_version, "")
+    except onnx.defs.SchemaError:
+        return {}
+    out: dict[str, bytes] = {}
+    for name, attr in schema.attributes.items():
+        default = attr.default_value
+        if default.type != AttributeProto.UNDEFINED:
+            out[name] = _attr_body(default, _Scopes())
+    return out
+
+
+def _write_attributes(
+    w: _Writer,
+    attrs: Iterable[AttributeProto],
+    scopes: _Scopes,
+    defaults: Mapping[str, bytes] | None,
+) -> None:
+    entries: list[tuple[bytes, bytes]] = []
+    # Encode in name order: subgraph bodies number outer names by first reference.
+    for a in sorted(attrs, key=lambda a: a.name.encode("utf-8")):
+        body = _attr_body(a, scopes)
+        # An attribute spelled out at its schema default means the same as leaving it
+        # out; exporters differ on this, so drop it.
+        if defaults is not None and defaults.get(a.name) == body:
+            continue
+        entries.append((a.name.encode("utf-8"), body))
+    w.u32(len(entries))
+    for name, body in entries:
+        w.text(name)
+        w.raw(body)
+
+
+def _strip_trailing(names: Sequence[str]) -> list[str]:
+    """Trailing omitted optional inputs/outputs mean the same as leaving them off."""
+    out = list(names)
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def layer_canonical_bytes(
+    node: onnx.NodeProto,
+    input_types: Sequence[TensorType | None],
+    output_types: Sequence[TensorType | None],
+    constants: Mapping[int, ConstInput] | None = None,
+    *,
+    op_version: int = 0,
+    outer_types: Mapping[str, TensorType] | None = None,
+) -> bytes:
+    """The canonical byte form of one layer (see ``docs/digests.md``).
+
+    Args:
+        node: the layer's node; its domain, op type, attributes and which inputs and
+            outputs are present (non-empty names) are used, never its names.
+        input_types: one entry per ``node.input``: the type, or None for an omitted
+            optional input.
+        output_types: one entry per ``node.output``: the type, or None when the
+            output is omitted or its type is unknown (an unused output).
+        constants: input slot -> constant feeding it; weights count by type, params
+            by type and value.
+        op_version: the operator's schema version (``since_version`` for the default
+            domain, the domain's opset otherwise); 0 when unknown.
+        outer_types: types of model tensors that subgraph attributes (If/Loop/Scan
+            bodies) read from the enclosing graph.
+
+    Returns:
+        The canonical bytes, starting with :data:`LAYER_MAGIC` and the version.
+
+    Raises:
+        ValueError: the type lists do not match the node, a present input has no
+            type, or a param constant has no value.
+    """
+    constants = constants or {}
+    if len(input_types) != len(node.input) or len(output_types) != len(node.output):
+        raise ValueError(
+            f"node {node.name!r} ({node.op_type}): {len(node.input)} inputs and "
+            f"{len(node.output)} outputs, got {len(input_types)} input types and "
+            f"{len(output_types)} output types"
+        )
+    domain = _norm_domain(node.domain)
+    w = _Writer()
+    w.raw(LAYER_MAGIC)
+    w.u32(LAYER_DIGEST_VERSION)
+    w.text(domain)
+    w.text(node.op_type)
+    w.i64(op_version)
+
+    scopes = _Scopes()
+    defaults = _schema_defaults(node.op_type, op_version) if domain == "" and op_version > 0 else None
+    _write_attributes(w, node.attribute, scopes, defaults)
+
+    n_in = len(_strip_trailing(node.input))
+    w.u32(n_in)
+    for slot in range(n_in):
+        if not node.input[slot]:
+            w.u8(_IN_OMITTED)
+            continue
+        t = input_types[slot]
+        if t is None:
+            raise ValueError(f"node {node.name!r} ({node.op_type}): input {slot} has no type")
+        c = constants.get(slot)
+        if c is None:
+            w.u8(_IN_ACTIVATION)
+            _write_tensor_type(w, t)
+        elif c.role == "weight":
+            w.u8(_IN_WEIGHT)
+            _write_tensor_type(w, t)
+        else:
+            if c.value is None:
+                raise ValueError(f"node {node.name!r} ({node.op_type}): param input {slot} has no value")
+            w.u8(_IN_PARAM)
+            _write_tensor_type(w, t)
+            _write_values(w, np.asarray(c.value))
+
+    n_out = len(_strip_trailing(node.output))
+    w.u32(n_out)
+    for slot in range(n_out):
+        t = output_types[slot]
+        if not node.output[slot]:
+            w.u8(_OUT_OMITTED)
+        elif t is None:
+            w.u8(_OUT_UNKNOWN)
+        else:
+            w.u8(_OUT_TYPED)
+            _write_tensor_type(w, t)
+
+    w.u32(len(scopes.outer))
+    for name in scopes.outer:  # dicts keep first-reference order
+        t = outer_types.get(name) if outer_types is not None else None
+        if t is None:
+            w.u8(0)
+        else:
+            w.u8(1)
+            _write_tensor_type(w, t)
+    return w.getvalue()
+
+
+def layer_digest(
+    node: onnx.NodeProto,
+    input_types: Sequence[TensorType | None],
+    output_types: Sequence[TensorType | None],
+    constants: Mapping[int, ConstInput] | None = None,
+    *,
+    op_version: int = 0,
+    outer_types: Mapping[str, TensorType] | None = None,
+) -> bytes:
+    """The 16-byte layer digest: BLAKE2b-128 of :func:`layer_canonical_bytes`.
+
+    Args:
+        node: see :func:`layer_canonical_bytes`.
+        input_types: see :func:`layer_canonical_bytes`.
+        output_types: see :func:`layer_canonical_bytes`.
+        constants: see :func:`layer_canonical_bytes`.
+        op_version: see :func:`layer_canonical_bytes`.
+        outer_types: see :func:`layer_canonical_bytes`.
+
+    Returns:
+        16 bytes.
+
+    Raises:
+        ValueError: as :func:`layer_canonical_bytes`.
+    """
+    data = layer_canonical_bytes(
+        node, input_types, output_types, constants, op_version=op_version, outer_types=outer_types
+    )
+    return hashlib.blake2b(data, digest_size=16).digest()

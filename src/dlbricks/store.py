@@ -1,0 +1,704 @@
+"""The results store: one SQLite file of brick and model timings.
+
+A result is keyed by (kind, digest, digest_version, system id, config key): the same
+brick timed on another machine, or with other threads, is another result. Each
+result is committed as soon as it is put, so a run that dies loses at most the
+timing in flight, and a rerun only measures what is :meth:`Store.missing`.
+
+The file is recognised by its SQLite ``application_id``; ``user_version`` holds the
+schema version, upgraded by the :data:`MIGRATIONS` list. A file that is not a
+dlbricks store, or that a newer dlbricks wrote, is refused without being touched:
+it is inspected through a read-only connection first.
+
+Concurrency: WAL journal (readers never block the writer), ``BEGIN IMMEDIATE``
+transactions and a busy timeout, so several processes can write one store and
+nothing is lost.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from dlbricks.model import DlbricksError
+from dlbricks.timing import Failure, Measurement, RunnerConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "ResultRecord", "Store", "StoreError", "default_store_path"]
+
+#: ``PRAGMA application_id`` of dlbricks stores: "DLBR" in ASCII.
+APPLICATION_ID = 0x444C4252
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+KINDS = ("brick", "model")
+EXPORT_FORMATS = ("csv", "json", "parquet")
+
+# Each entry upgrades the schema from version i to i + 1; SCHEMA_VERSION is their count.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE systems (
+        id          TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        created_at  TEXT NOT NULL
+    );
+    CREATE TABLE configs (
+        key        TEXT PRIMARY KEY,
+        config     TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE results (
+        id             INTEGER PRIMARY KEY,
+        kind           TEXT NOT NULL CHECK (kind IN ('brick', 'model')),
+        digest         TEXT NOT NULL,
+        digest_version INTEGER NOT NULL,
+        system_id      TEXT NOT NULL REFERENCES systems(id),
+        config_key     TEXT NOT NULL REFERENCES configs(key),
+        status         TEXT NOT NULL CHECK (status IN ('ok', 'failed')),
+        n              INTEGER,
+        median_ns      REAL,
+        min_ns         REAL,
+        mean_ns        REAL,
+        stddev_ns      REAL,
+        ci_low_ns      REAL,
+        ci_high_ns     REAL,
+        cv             REAL,
+        unstable       INTEGER,
+        stats          TEXT,
+        times          BLOB,
+        meta           TEXT,
+        error          TEXT,
+        created_at     TEXT NOT NULL,
+        UNIQUE (kind, digest, digest_version, system_id, config_key)
+    );
+    CREATE TABLE bricks (
+        digest         TEXT NOT NULL,
+        digest_version INTEGER NOT NULL,
+        g              INTEGER,
+        op_types       TEXT,
+        shapes         TEXT,
+        meta           TEXT,
+        PRIMARY KEY (digest, digest_version)
+    );
+    CREATE TABLE models (
+        digest         TEXT NOT NULL,
+        digest_version INTEGER NOT NULL,
+        name           TEXT,
+        meta           TEXT,
+        PRIMARY KEY (digest, digest_version)
+    );
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+# Columns of a flat result row (exports, dataframes); times and JSON blobs excluded.
+_FLAT_COLUMNS = (
+    "kind",
+    "digest",
+    "digest_version",
+    "system_id",
+    "config_key",
+    "status",
+    "n",
+    "median_ns",
+    "min_ns",
+    "mean_ns",
+    "stddev_ns",
+    "ci_low_ns",
+    "ci_high_ns",
+    "cv",
+    "unstable",
+    "error",
+    "created_at",
+)
+_BUSY_TIMEOUT_S = 60.0
+_CHUNK = 500  # parameters per IN (...) query, well under SQLite's limit
+
+
+class StoreError(DlbricksError):
+    """A results store cannot be opened or used."""
+
+
+def default_store_path() -> Path:
+    """``$XDG_CACHE_HOME/dlbricks/results.sqlite`` (``~/.cache`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dlbricks" / "results.sqlite"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _hex(digest: bytes | str) -> str:
+    if isinstance(digest, (bytes, bytearray, memoryview)):
+        return bytes(digest).hex()
+    s = str(digest).lower()
+    try:
+        bytes.fromhex(s)
+    except ValueError as exc:
+        raise StoreError(f"digest must be bytes or a hex string, got {digest!r}") from exc
+    return s
+
+
+@dataclass
+class ResultRecord:
+    """One stored result.
+
+    ``stats`` is the :class:`dlbricks.timing.Stats` dict (None when failed),
+    ``times_ns`` every iteration (None when failed), ``meta`` the rest of the
+    measurement (warm-up, stop reason, denormals, versions) or of the failure.
+    """
+
+    kind: str
+    digest: str
+    digest_version: int
+    system_id: str
+    config_key: str
+    status: str
+    stats: dict[str, Any] | None
+    times_ns: np.ndarray | None
+    meta: dict[str, Any]
+    error: str | None
+    created_at: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def median_ns(self) -> float | None:
+        return None if self.stats is None else float(self.stats["median"])
+
+    def flat(self) -> dict[str, Any]:
+        """One row of scalars (see the CSV export)."""
+        s = self.stats or {}
+        return {
+            "kind": self.kind,
+            "digest": self.digest,
+            "digest_version": self.digest_version,
+            "system_id": self.system_id,
+            "config_key": self.config_key,
+            "status": self.status,
+            "n": s.get("n"),
+            "median_ns": s.get("median"),
+            "min_ns": s.get("min"),
+            "mean_ns": s.get("mean"),
+            "stddev_ns": s.get("stddev"),
+            "ci_low_ns": s.get("ci_low"),
+            "ci_high_ns": s.get("ci_high"),
+            "cv": s.get("cv"),
+            "unstable": s.get("unstable"),
+            "error": self.error,
+            "created_at": self.created_at,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict with every field (times as a list)."""
+        return {
+            "kind": self.kind,
+            "digest": self.digest,
+            "digest_version": self.digest_version,
+            "system_id": self.system_id,
+            "config_key": self.config_key,
+            "status": self.status,
+            "stats": self.stats,
+            "times_ns": None if self.times_ns is None else [int(t) for t in self.times_ns],
+            "meta": self.meta,
+            "error": self.error,
+            "created_at": self.created_at,
+        }
+
+
+def _inspect(path: Path) -> tuple[int, int, set[str]]:
+    """(application_id, user_version, table names) through a read-only connection.
+
+    Raises:
+        StoreError: the file is not an SQLite database.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(len(_SQLITE_MAGIC))
+    if head != _SQLITE_MAGIC:
+        raise StoreError(f"{path}: not a dlbricks results store (not an SQLite file)")
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    try:
+        con = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)
+        try:
+            app_id = con.execute("PRAGMA application_id").fetchone()[0]
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: cannot read as SQLite: {exc}") from exc
+    return app_id, version, tables
+
+
+def _check_ours(path: Path, app_id: int, version: int, tables: set[str]) -> None:
+    # "results" exists in every schema version; newer versions may add tables.
+    if app_id != APPLICATION_ID or "results" not in tables:
+        raise StoreError(f"{path}: not a dlbricks results store (an SQLite file of another application)")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: written by a newer dlbricks (store schema {version}, this version reads up to "
+            f"{SCHEMA_VERSION}); upgrade dlbricks or use another store"
+        )
+
+
+class Store:
+    """A results store backed by one SQLite file.
+
+    Args:
+        path: the file; None for :func:`default_store_path`.
+        readonly: open for reading only (no creation, no migration, no writes).
+
+    Raises:
+        StoreError: the file is not a dlbricks store, a newer dlbricks wrote it, or
+            (``readonly``) it does not exist or needs a migration. The file is not
+            modified in any of these cases.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False):
+        self.path = Path(path) if path is not None else default_store_path()
+        self.readonly = readonly
+        exists = self.path.exists()
+        if exists and self.path.is_dir():
+            raise StoreError(f"{self.path}: is a directory, not a results store")
+        if exists and self.path.stat().st_size > 0:
+            _check_ours(self.path, *_inspect(self.path))
+        elif readonly:
+            raise StoreError(f"{self.path}: no results store here")
+        if readonly:
+            uri = f"{self.path.resolve().as_uri()}?mode=ro"
+            self._con = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+            version = self._con.execute("PRAGMA user_version").fetchone()[0]
+            if version < SCHEMA_VERSION:
+                self._con.close()
+                raise StoreError(f"{self.path}: store schema {version} needs an upgrade; open it writable once")
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so that every write
+        # transaction takes the write lock up front (no deadlock-prone lock upgrades).
+        self._con = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            self._con.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+            self._initialise()
+            mode = self._con.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            self.journal_mode = str(mode)
+            # FULL: a commit survives power loss too; a timing costs far more than an fsync.
+            self._con.execute("PRAGMA synchronous = FULL")
+            self._con.execute("PRAGMA foreign_keys = ON")
+        except BaseException:
+            self._con.close()
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _initialise(self) -> None:
+        """Create or migrate the schema, atomically (one transaction)."""
+        con = self._con
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            app_id = con.execute("PRAGMA application_id").fetchone()[0]
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if app_id == 0 and version == 0 and not tables:
+                # A new (empty) file: ours to set up. Header pragmas are transactional,
+                # so a crash here leaves an empty file, never a half store.
+                con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            else:
+                _check_ours(self.path, app_id, version, tables)
+            for v in range(version, SCHEMA_VERSION):
+                for stmt in _statements(MIGRATIONS[v]):
+                    con.execute(stmt)
+                con.execute(f"PRAGMA user_version = {v + 1}")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        """Close the connection (committed results are already on disk)."""
+        self._con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only")
+        con = self._con
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, params in statements:
+                con.execute(sql, params)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    # ------------------------------------------------------------------ writing
+
+    def put_system(self, fingerprint: Mapping[str, Any]) -> str:
+        """Record a system fingerprint (see :mod:`dlbricks.sysinfo`); returns its id."""
+        from dlbricks.sysinfo import fingerprint_id
+
+        sid = fingerprint_id(fingerprint)
+        self._write([(_SQL_SYSTEM, (sid, json.dumps(fingerprint, sort_keys=True), _now()))])
+        return sid
+
+    def put_config(self, config: RunnerConfig) -> str:
+        """Record a runner configuration; returns its key."""
+        self._write([(_SQL_CONFIG, (config.key(), json.dumps(config.to_dict(), sort_keys=True), _now()))])
+        return config.key()
+
+    def put_result(
+        self,
+        kind: str,
+        digest: bytes | str,
+        digest_version: int,
+        system: str | Mapping[str, Any],
+        config: str | RunnerConfig,
+        result: Measurement | Failure,
+    ) -> None:
+        """Store one result and commit at once; an existing result is replaced.
+
+        Args:
+            kind: ``"brick"`` or ``"model"``.
+            digest: the brick or model digest (bytes or hex).
+            digest_version: the version of the digest's canonical form.
+            system: a system id already stored, or a fingerprint dict (stored too).
+            config: a config key already stored, or a :class:`RunnerConfig` (stored too).
+            result: a :class:`Measurement` (status ok) or a :class:`Failure`. The
+                measurement's own config key is kept in ``meta["config_key"]``; it
+                may differ from ``config`` (e.g. shards of one run pinned to
+                different cores are stored under the run's config).
+
+        Raises:
+            StoreError: bad kind, unknown system id or config key, read-only store.
+        """
+        if kind not in KINDS:
+            raise StoreError(f"kind must be one of {KINDS}, got {kind!r}")
+        stmts: list[tuple[str, Sequence[Any]]] = []
+        if isinstance(system, Mapping):
+            from dlbricks.sysinfo import fingerprint_id
+
+            system_id = fingerprint_id(system)
+            stmts.append((_SQL_SYSTEM, (system_id, json.dumps(system, sort_keys=True), _now())))
+        else:
+            system_id = str(system)
+        if isinstance(config, RunnerConfig):
+            config_key = config.key()
+            stmts.append((_SQL_CONFIG, (config_key, json.dumps(config.to_dict(), sort_keys=True), _now())))
+        else:
+            config_key = str(config)
+        if isinstance(result, Measurement):
+            d = result.to_dict()
+            s = result.stats
+            meta = {k: v for k, v in d.items() if k not in ("times_ns", "stats", "config")}
+            row = (
+                "ok",
+                s.n,
+                s.median,
+                s.min,
+                s.mean,
+                s.stddev,
+                s.ci_low,
+                s.ci_high,
+                s.cv,
+                int(s.unstable),
+                json.dumps(s.to_dict()),
+                np.ascontiguousarray(result.times_ns, dtype="<i8").tobytes(),
+                json.dumps(meta),
+                None,
+            )
+        elif isinstance(result, Failure):
+            row = ("failed",) + (None,) * 11 + (json.dumps(result.to_dict()), result.error)
+        else:
+            raise TypeError(f"result must be a Measurement or a Failure, got {type(result).__name__}")
+        stmts.append((_SQL_RESULT, (kind, _hex(digest), int(digest_version), system_id, config_key) + row + (_now(),)))
+        try:
+            self._write(stmts)
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(
+                f"{self.path}: cannot store result for {kind} {_hex(digest)}: unknown system {system_id!r} "
+                f"or config {config_key!r} ({exc})"
+            ) from exc
+
+    def put_brick(
+        self,
+        digest: bytes | str,
+        digest_version: int,
+        *,
+        g: int | None = None,
+        op_types: Sequence[str] | None = None,
+        shapes: Any = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record (or replace) a brick's metadata: G, op types, shapes (JSON-friendly)."""
+        self._write(
+            [
+                (
+                    "INSERT OR REPLACE INTO bricks (digest, digest_version, g, op_types, shapes, meta) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        _hex(digest),
+                        int(digest_version),
+                        g,
+                        json.dumps(list(op_types)) if op_types is not None else None,
+                        json.dumps(shapes) if shapes is not None else None,
+                        json.dumps(dict(meta)) if meta is not None else None,
+                    ),
+                )
+            ]
+        )
+
+    def put_model(
+        self, digest: bytes | str, digest_version: int, *, name: str | None = None, meta: Mapping[str, Any] | None = None
+    ) -> None:
+        """Record (or replace) a model's name and metadata."""
+        self._write(
+            [
+                (
+                    "INSERT OR REPLACE INTO models (digest, digest_version, name, meta) VALUES (?, ?, ?, ?)",
+                    (_hex(digest), int(digest_version), name, json.dumps(dict(meta)) if meta is not None else None),
+                )
+            ]
+        )
+
+    # ------------------------------------------------------------------ reading
+
+    def get_result(
+        self, kind: str, digest: bytes | str, digest_version: int, system_id: str, config_key: str
+    ) -> ResultRecord | None:
+        """The stored result for this key, or None."""
+        row = self._con.execute(
+            f"SELECT {_RECORD_COLUMNS} FROM results WHERE kind = ? AND digest = ? AND digest_version = ? "
+            "AND system_id = ? AND config_key = ?",
+            (kind, _hex(digest), int(digest_version), system_id, config_key),
+        ).fetchone()
+        return _record(row) if row else None
+
+    def missing(
+        self,
+        kind: str,
+        digests: Iterable[bytes | str],
+        digest_version: int,
+        system_id: str,
+        config_key: str,
+        *,
+        retry_failed: bool = False,
+    ) -> list[str]:
+        """Digests (hex, input order, duplicates dropped) with no stored result.
+
+        Args:
+            retry_failed: also return digests whose stored result is a failure.
+        """
+        wanted = list(dict.fromkeys(_hex(d) for d in digests))
+        have: set[str] = set()
+        status_clause = " AND status = 'ok'" if retry_failed else ""
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows = self._con.execute(
+                f"SELECT digest FROM results WHERE kind = ? AND digest_version = ? AND system_id = ? "
+                f"AND config_key = ?{status_clause} AND digest IN ({marks})",
+                (kind, int(digest_version), system_id, config_key, *chunk),
+            )
+            have.update(r[0] for r in rows)
+        return [d for d in wanted if d not in have]
+
+    def results(
+        self,
+        *,
+        kind: str | None = None,
+        system_id: str | None = None,
+        config_key: str | None = None,
+        status: str | None = None,
+        with_times: bool = True,
+    ) -> Iterator[ResultRecord]:
+        """Stored results matching every given filter, oldest first.
+
+        Args:
+            with_times: load the raw iteration times (8 bytes per iteration; skip
+                them for summaries of large stores, ``times_ns`` is then None).
+        """
+        where, params = [], []
+        for col, val in (("kind", kind), ("system_id", system_id), ("config_key", config_key), ("status", status)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        cols = _RECORD_COLUMNS if with_times else _RECORD_COLUMNS.replace("times,", "NULL,")
+        sql = f"SELECT {cols} FROM results"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id"
+        # fetchall: a generator holding a cursor open would pin a WAL read snapshot.
+        rows = self._con.execute(sql, params).fetchall()
+        for row in rows:
+            yield _record(row)
+
+    def systems(self) -> dict[str, dict[str, Any]]:
+        """System id -> fingerprint."""
+        return {r[0]: json.loads(r[1]) for r in self._con.execute("SELECT id, fingerprint FROM systems")}
+
+    def configs(self) -> dict[str, dict[str, Any]]:
+        """Config key -> config dict."""
+        return {r[0]: json.loads(r[1]) for r in self._con.execute("SELECT key, config FROM configs")}
+
+    def bricks(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """(digest, digest_version) -> brick metadata."""
+        out = {}
+        for d, v, g, ops, shapes, meta in self._con.execute(
+            "SELECT digest, digest_version, g, op_types, shapes, meta FROM bricks"
+        ):
+            out[(d, v)] = {
+                "g": g,
+                "op_types": json.loads(ops) if ops else None,
+                "shapes": json.loads(shapes) if shapes else None,
+                "meta": json.loads(meta) if meta else None,
+            }
+        return out
+
+    def models(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """(digest, digest_version) -> {"name", "meta"}."""
+        return {
+            (d, v): {"name": n, "meta": json.loads(m) if m else None}
+            for d, v, n, m in self._con.execute("SELECT digest, digest_version, name, meta FROM models")
+        }
+
+    def count(self, *, kind: str | None = None, status: str | None = None) -> int:
+        """Number of stored results matching the filters."""
+        where, params = [], []
+        for col, val in (("kind", kind), ("status", status)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        sql = "SELECT COUNT(*) FROM results" + (" WHERE " + " AND ".join(where) if where else "")
+        return int(self._con.execute(sql, params).fetchone()[0])
+
+    # ------------------------------------------------------------------ export
+
+    def to_dataframe(self, *, kind: str | None = None) -> pandas.DataFrame:
+        """Flat results (one row per result, no raw times) as a pandas DataFrame.
+
+        Raises:
+            StoreError: pandas is not installed.
+        """
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise StoreError("to_dataframe needs pandas: pip install pandas") from exc
+        rows = [r.flat() for r in self.results(kind=kind, with_times=False)]
+        return pd.DataFrame(rows, columns=list(_FLAT_COLUMNS))
+
+    def export(self, fmt: str, file: str | os.PathLike | IO[Any], *, kind: str | None = None) -> int:
+        """Write results to ``file`` (a path or an open file).
+
+        ``csv``: one flat row per result (no raw times). ``json``: an object with
+        ``schema_version``, ``systems``, ``configs``, ``bricks``, ``models`` and every
+        result with its raw times. ``parquet``: the flat rows plus a ``times_ns``
+        list column (needs pyarrow; a file object must be binary).
+
+        Args:
+            fmt: ``"csv"``, ``"json"`` or ``"parquet"``.
+            file: destination.
+            kind: only results of this kind.
+
+        Returns:
+            The number of results written.
+
+        Raises:
+            StoreError: unknown format, or pyarrow missing for parquet.
+        """
+        if fmt not in EXPORT_FORMATS:
+            raise StoreError(f"export format must be one of {EXPORT_FORMATS}, got {fmt!r}")
+        records = list(self.results(kind=kind, with_times=fmt != "csv"))
+        if fmt == "parquet":
+            try:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+            except ImportError as exc:
+                raise StoreError("parquet export needs pyarrow: pip install pyarrow") from exc
+            cols: dict[str, list[Any]] = {c: [] for c in _FLAT_COLUMNS}
+            times: list[list[int] | None] = []
+            for r in records:
+                for c, v in r.flat().items():
+                    cols[c].append(v)
+                times.append(None if r.times_ns is None else r.times_ns.tolist())
+            table = pa.table({**cols, "times_ns": pa.array(times, type=pa.list_(pa.int64()))})
+            target = os.fspath(file) if isinstance(file, (str, os.PathLike)) else file
+            pq.write_table(table, target)
+            return len(records)
+        if fmt == "csv":
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=list(_FLAT_COLUMNS), lineterminator="\n")
+            writer.writeheader()
+            for r in records:
+                writer.writerow(r.flat())
+            text = buf.getvalue()
+        else:
+            doc = {
+                "schema_version": SCHEMA_VERSION,
+                "systems": self.systems(),
+                "configs": self.configs(),
+                "bricks": [{"digest": d, "digest_version": v, **m} for (d, v), m in self.bricks().items()],
+                "models": [{"digest": d, "digest_version": v, **m} for (d, v), m in self.models().items()],
+                "results": [r.to_dict() for r in records],
+            }
+            text = json.dumps(doc, indent=1) + "\n"
+        if isinstance(file, (str, os.PathLike)):
+            Path(file).write_text(text)
+        else:
+            file.write(text)
+        return len(records)
+
+
+_SQL_SYSTEM = "INSERT OR IGNORE INTO systems (id, fingerprint, created_at) VALUES (?, ?, ?)"
+_SQL_CONFIG = "INSERT OR IGNORE INTO configs (key, config, created_at) VALUES (?, ?, ?)"
+# ON CONFLICT DO UPDATE rather than INSERT OR REPLACE: same row id, and no delete
+# that a foreign key might one day cascade from.
+_SQL_RESULT = """
+INSERT INTO results (kind, digest, digest_version, system_id, config_key, status, n, median_ns, min_ns,
+                     mean_ns, stddev_ns, ci_low_ns, ci_high_ns, cv, unstable, stats, times, meta, error,
+                     created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (kind, digest, digest_version, system_id, config_key) DO UPDATE SET
+    status = excluded.status, n = excluded.n, median_ns = excluded.median_ns, min_ns = excluded.min_ns,
+    mean_ns = excluded.mean_ns, stddev_ns = excluded.stddev_ns, ci_low_ns = excluded.ci_low_ns,
+    ci_high_ns = excluded.ci_high_ns, cv = excluded.cv, unstable = excluded.unstable, stats = excluded.stats,
+    times = excluded.times, meta = excluded.meta, error = excluded.error, created_at = excluded.created_at
+"""
+_RECORD_COLUMNS = "kind, digest, digest_version, system_id, config_key, status, stats, times, meta, error, created_at"
+
+
+def _record(row: Sequence[Any]) -> ResultRecord:
+    kind, digest, version, system_id, config_key, status, stats, times, meta, error, created = row
+    return ResultRecord(
+        kind=kind,
+        digest=digest,
+        digest_version=int(version),
+        system_id=system_id,
+        config_key=config_key,
+        status=status,
+        stats=json.loads(stats) if stats else None,
+        times_ns=np.frombuffer(times, dtype="<i8").astype(np.int64) if times is not None else None,
+        meta=json.loads(meta) if meta else {},
+        error=error,
+        created_at=created,
+    )
+
+
+def _statements(script: str) -> list[str]:
+    # executescript() would COMMIT our open transaction; split and run one by one.
+    return [s.strip() for s in script.split(";") if s.strip()]

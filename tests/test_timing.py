@@ -387,3 +387,13 @@ def test_string_tensors_fall_back_to_session_run():
     bound = bind(create_session(model), {"s": np.array(["x", "y", "z"], dtype=object)})
     bound.run()
     assert list(bound.outputs()["t"]) == ["x", "y", "z"]
+
+
+def test_config_key_counts_pinned_cores_not_their_ids():
+    from dlbricks.timing import RunnerConfig
+
+    on_cpu0 = RunnerConfig(cores=(0,))
+    on_cpu1 = RunnerConfig(cores=(1,))
+    assert on_cpu0.key() == on_cpu1.key()
+    assert on_cpu0.key() != RunnerConfig(cores=None).key()
+    assert RunnerConfig(cores=(0, 1), intra_op_threads=2).key() != RunnerConfig(cores=(0,), intra_op_threads=2).key()

@@ -164,15 +164,22 @@ class RunnerConfig:
         return cls(**kwargs)
 
     def identity(self) -> dict[str, Any]:
-        """The fields that change what is measured (see :meth:`key`)."""
+        """The fields that change what is measured (see :meth:`key`).
+
+        Pinning counts as the number of pinned CPUs, not their ids: the same run on
+        CPU 0 or CPU 1 of one machine measures the same thing, and parallel workers
+        (``bench --jobs``), each pinned to its own CPU, must share one key.
+        """
         d = self.to_dict()
-        return {k: d[k] for k in _IDENTITY_FIELDS}
+        ident = {k: d[k] for k in _IDENTITY_FIELDS}
+        ident["cores"] = None if self.cores is None else len(self.cores)
+        return ident
 
     def key(self) -> str:
         """A stable 16-hex-digit key over :meth:`identity`, used to key stored results.
 
-        Thread counts, execution mode, optimisation level, pinned cores and the
-        denormals flag count; the stopping rule and the timeout do not.
+        Thread counts, execution mode, optimisation level, the number of pinned
+        cores and the denormals flag count; the stopping rule and the timeout do not.
         """
         canon = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]

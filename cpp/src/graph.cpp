@@ -151,9 +151,9 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     out.offsets.push_back(0);
     WindowSets sets;
 
-    // Sequence digest canonical form v1 (docs/digests.md): magic, version, member count,
-    // member digests in window order, internal edges, then external inputs with the
-    // sharing of external sources made explicit.
+    // Sequence digest canonical form v1 (docs/core.md): magic, version, member count,
+    // member digests in window order, internal edges, then the external inputs that
+    // share a source with another external input.
     struct ExternalInput {
         std::uint32_t dst_local, dst_slot;
         std::int32_t src, src_slot;
@@ -161,6 +161,7 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     std::vector<std::uint32_t> internal;  // 4 words per edge
     std::vector<ExternalInput> external;
     std::vector<std::pair<std::int64_t, std::uint32_t>> groups;  // (src node << 32 | slot) -> group id
+    std::vector<std::uint32_t> group_of, group_size, shared_id;
 
     auto emit = [&](std::int64_t begin, std::int64_t size) {
         internal.clear();
@@ -195,8 +196,14 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
         // members are visited in order and each node's inputs are sorted by slot.
         h.update_u32(static_cast<std::uint32_t>(internal.size() / 4));
         for (std::uint32_t w : internal) h.update_u32(w);
-        h.update_u32(static_cast<std::uint32_t>(external.size()));
+        // External inputs: a layer digest already fixes every input's type, and the
+        // internal edges say which inputs come from inside, so an external input adds
+        // information only when it shares its source with another external input
+        // (Add(x, x), or two members reading one outside tensor). Only those shared
+        // sources are hashed; a sequence fed by a graph input and one fed by an outside
+        // layer then get the same digest, as their bricks are the same.
         groups.clear();
+        group_of.clear();
         for (const ExternalInput& x : external) {
             const std::int64_t key = (static_cast<std::int64_t>(x.src) << 32) | static_cast<std::uint32_t>(x.src_slot);
             std::uint32_t group = static_cast<std::uint32_t>(groups.size());
@@ -206,9 +213,23 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
                     break;
                 }
             if (group == groups.size()) groups.emplace_back(key, group);
-            h.update_u32(x.dst_local);
-            h.update_u32(x.dst_slot);
-            h.update_u32(group);
+            group_of.push_back(group);
+        }
+        group_size.assign(groups.size(), 0);
+        for (std::uint32_t grp : group_of) ++group_size[grp];
+        shared_id.assign(groups.size(), UINT32_MAX);
+        std::uint32_t n_shared_inputs = 0, next_shared = 0;
+        for (std::uint32_t grp : group_of)
+            if (group_size[grp] > 1) {
+                ++n_shared_inputs;
+                if (shared_id[grp] == UINT32_MAX) shared_id[grp] = next_shared++;
+            }
+        h.update_u32(n_shared_inputs);
+        for (std::size_t k = 0; k < external.size(); ++k) {
+            if (group_size[group_of[k]] < 2) continue;
+            h.update_u32(external[k].dst_local);
+            h.update_u32(external[k].dst_slot);
+            h.update_u32(shared_id[group_of[k]]);
         }
         out.digests.push_back(h.finish());
         out.offsets.push_back(static_cast<std::int64_t>(out.members.size()));

@@ -1,0 +1,246 @@
+"""Benchmarking through the store, reconstruction and evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import light
+from dlbricks.cli import main
+from dlbricks.corpus import Corpus
+from dlbricks.onnx_io import load
+from dlbricks.pipeline import (
+    MissingResults,
+    bench,
+    bootstrap_medians,
+    brick_digest_version,
+    evaluate,
+    reconstruct,
+)
+from dlbricks.store import Store
+from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+from dlbricks.timing import Measurement, RunnerConfig, summarize
+
+FAST = RunnerConfig(cores=None, warmup_iters=1, warmup_time=0.0, min_iters=5, min_time=0.005, max_time=0.05)
+FAST_CLI = ["--no-pin", "--warmup", "1", "--warmup-time", "0", "--min-iters", "5", "--min-time", "0.005", "--max-time", "0.05"]
+
+
+def _conv(name: str, x: str, y: str, c: int, rng: np.random.Generator) -> tuple[list, list]:
+    w = numpy_helper.from_array(rng.standard_normal((c, c, 3, 3)).astype(np.float32), f"{name}_w")
+    node = helper.make_node("Conv", [x, w.name], [y], name=name, pads=[1, 1, 1, 1])
+    return [node], [w]
+
+
+def chain_model(n_blocks: int = 2, c: int = 4) -> onnx.ModelProto:
+    """x -> (Conv -> Relu) * n_blocks: repeated identical blocks."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    cur = "x"
+    for i in range(n_blocks):
+        ns, ws = _conv(f"conv{i}", cur, f"c{i}", c, rng)
+        nodes += ns
+        inits += ws
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
+        cur = f"r{i}"
+    g = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])],
+        [helper.make_tensor_value_info(cur, TensorProto.FLOAT, [1, c, 8, 8])], inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def diamond_model(c: int = 4) -> onnx.ModelProto:
+    """x -> Relu -> {Sigmoid, Tanh} -> Add: two independent branches."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="head"),
+        helper.make_node("Sigmoid", ["a"], ["b"], name="left"),
+        helper.make_node("Tanh", ["a"], ["c"], name="right"),
+        helper.make_node("Add", ["b", "c"], ["y"], name="join"),
+    ]
+    g = helper.make_graph(
+        nodes, "diamond", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def fake_measurement(times_ns: np.ndarray) -> Measurement:
+    times = np.asarray(times_ns, dtype=np.int64)
+    return Measurement(
+        times_ns=times, stats=summarize(times), config=FAST, warmup_iters=1, stop_reason="converged",
+        setup_time_s=0.0, wall_time_s=float(times.sum()) * 1e-9, denormal_input_fraction=0.0,
+        denormal_output_fraction=0.0, denormal_fraction=0.0, denormals_as_zero=True, denormals_flushed=True,
+        ort_version="test",
+    )
+
+
+def store_fake_results(store: Store, models: list, G: int, median_of: dict[str, float], n: int = 101) -> tuple[str, str]:
+    """Put a result with a known median for every unique brick at G (by its first layer's name)."""
+    system_id = fingerprint_id(system_fingerprint())
+    store.put_system(system_fingerprint())
+    store.put_config(FAST)
+    sp = Corpus(models).split(G)
+    rng = np.random.default_rng(1)
+    for u in range(sp.n_unique):
+        m, members = sp.first_occurrence(u)
+        total = sum(median_of[models[m].layers[i].op_type] for i in members)
+        # Symmetric spread around the median, shuffled: the median is exactly `total`.
+        times = total + rng.permutation(np.arange(-(n // 2), n // 2 + 1))
+        store.put_result("brick", bytes(sp.unique_digests[u]).hex(), brick_digest_version(), system_id, FAST,
+                         fake_measurement(times))
+    return system_id, FAST.key()
+
+
+def test_sequential_reconstruction_is_the_sum_of_brick_medians(tmp_path):
+    model = load(chain_model(3))
+    medians = {"Conv": 1000.0, "Relu": 100.0}
+    with Store(tmp_path / "s.sqlite") as store:
+        sid, key = store_fake_results(store, [model], 1, medians)
+        (pred,) = reconstruct([model], 1, store=store, system_id=sid, config_key=key, modes=["sequential"])
+    assert pred.latency_s == pytest.approx(3 * 1100e-9)
+    assert pred.bricks == 6 and pred.unique_bricks == 2
+
+
+def test_parallel_reconstruction_is_the_critical_path(tmp_path):
+    model = load(diamond_model())
+    medians = {"Relu": 100.0, "Sigmoid": 700.0, "Tanh": 300.0, "Add": 50.0}
+    with Store(tmp_path / "s.sqlite") as store:
+        sid, key = store_fake_results(store, [model], 1, medians)
+        preds = {p.mode: p for p in reconstruct([model], 1, store=store, system_id=sid, config_key=key)}
+    assert preds["sequential"].latency_s == pytest.approx(1150e-9)
+    assert preds["parallel"].latency_s == pytest.approx((100 + 700 + 50) * 1e-9)
+
+
+def test_prediction_interval_contains_the_point_estimate(tmp_path):
+    model = load(chain_model(2))
+    with Store(tmp_path / "s.sqlite") as store:
+        sid, key = store_fake_results(store, [model], 2, {"Conv": 5000.0, "Relu": 300.0})
+        for p in reconstruct([model], 2, store=store, system_id=sid, config_key=key):
+            assert p.ci_low_s <= p.latency_s <= p.ci_high_s
+
+
+def test_bootstrap_interval_shrinks_with_more_iterations():
+    rng = np.random.default_rng(0)
+
+    def width(n: int) -> float:
+        times = rng.lognormal(mean=np.log(1e5), sigma=0.1, size=n)
+        reps = bootstrap_medians(times, 2000, np.random.default_rng(1))
+        lo, hi = np.percentile(reps, [2.5, 97.5])
+        assert lo <= np.median(times) <= hi
+        return hi - lo
+
+    small, medium, large = width(50), width(1000), width(20000)
+    assert large < medium < small
+
+
+def test_missing_bricks_are_a_clear_error(tmp_path):
+    model = load(chain_model(2))
+    with Store(tmp_path / "s.sqlite") as store, pytest.raises(MissingResults, match=r"2 brick\(s\) at G=1 have no stored result"):
+        reconstruct([model], 1, store=store, system_id="x", config_key=FAST.key())
+
+
+def test_construct_cli_without_results_exits_1(tmp_path, capsys):
+    path = tmp_path / "chain.onnx"
+    onnx.save(chain_model(2), str(path))
+    code = main(["construct", str(path), "-G", "1", "--store", str(tmp_path / "s.sqlite"), *FAST_CLI])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "have no stored result" in err and "--measure-missing" in err and "Traceback" not in err
+
+
+def test_bench_reuses_the_store_and_measures_only_new_bricks(tmp_path):
+    a, b = load(chain_model(2)), load(diamond_model())
+    with Store(tmp_path / "s.sqlite") as store:
+        first = bench([a], [1, 2], store=store, config=FAST)
+        assert first.bricks_measured == first.bricks_total > 0 and first.bricks_failed == 0
+        second = bench([a, b], [1, 2], store=store, config=FAST)
+        assert second.bricks_reused == first.bricks_total
+        assert second.bricks_measured == second.bricks_total - first.bricks_total > 0
+        third = bench([a, b], [1, 2], store=store, config=FAST, force=True)
+        assert third.bricks_measured == third.bricks_total
+
+
+def test_a_brick_onnxruntime_cannot_run_is_recorded_failed_and_the_run_goes_on(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Mystery", ["a"], ["b"], name="custom", domain="example.custom"),
+        helper.make_node("Sigmoid", ["b"], ["y"], name="sig"),
+    ]
+    g = helper.make_graph(
+        nodes, "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        value_info=[helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 8])],
+    )
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("example.custom", 1)])
+    model = load(proto)
+    with Store(tmp_path / "s.sqlite") as store:
+        s = bench([model], [1], store=store, config=FAST)
+        assert s.bricks_total == 3 and s.bricks_failed == 1 and s.bricks_measured == 2
+        assert "Mystery" in s.failures[0]["error"] or "example.custom" in s.failures[0]["error"]
+        # A failed brick is tried again by default, and stays failed.
+        again = bench([model], [1], store=store, config=FAST)
+        assert again.bricks_reused == 2 and again.bricks_failed == 1
+
+
+def test_evaluate_two_light_models_end_to_end(tmp_path):
+    models = [load(light("squeezenet")), load(light("bvlc_alexnet"))]
+    with Store(tmp_path / "s.sqlite") as store:
+        result = evaluate(models, [1, 2], store=store, config=FAST, n_boot=50)
+    assert [g["G"] for g in result["per_g"]] == [1, 2]
+    for g in result["per_g"]:
+        assert g["geomean_normalized"] > 0 and g["speedup"] > 0 and g["wallclock_speedup"] > 0
+        assert g["min_normalized"] <= g["geomean_normalized"] <= g["max_normalized"]
+    for m in result["models"]:
+        assert m["e2e_s"] > 0 and m["layer_sum_s"] > 0
+        assert m["layer_critical_path_s"] <= m["layer_sum_s"] * (1 + 1e-9)
+        for G in ("1", "2"):
+            seq = m["per_g"][G]["sequential"]
+            assert seq["ci_low_s"] <= seq["latency_s"] <= seq["ci_high_s"]
+            assert seq["normalized"] == pytest.approx(seq["latency_s"] / m["e2e_s"])
+    json.dumps(result)  # JSON-ready
+
+
+def test_evaluate_cli_json_has_the_documented_keys(tmp_path, capsys):
+    path = tmp_path / "chain.onnx"
+    onnx.save(chain_model(3), str(path))
+    code = main(["evaluate", str(path), "-G", "1,2", "--store", str(tmp_path / "s.sqlite"), "--json", "--bootstrap", "20", *FAST_CLI])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert {"G", "geomean_normalized", "speedup", "wallclock_speedup"} <= set(out["per_g"][0])
+    assert out["models"][0]["name"] == "chain"
+
+
+def test_a_killed_bench_run_resumes_without_losing_results(tmp_path):
+    store_path = tmp_path / "s.sqlite"
+    cmd = [sys.executable, "-m", "dlbricks", "bench", str(light("squeezenet")), "-G", "1", "--store", str(store_path),
+           "--no-pin", "--warmup", "1", "--warmup-time", "0", "--min-iters", "20", "--min-time", "0.05", "--max-time", "0.1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    done_before = 0
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if store_path.exists():
+            with Store(store_path, readonly=True) as s:
+                done_before = s.count(kind="brick")
+            if done_before >= 5:
+                break
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its timing worker, mid-run
+    proc.wait()
+    assert done_before >= 5
+    with Store(store_path) as store:
+        kept = store.count(kind="brick")
+        assert kept >= done_before
+        s = bench([load(light("squeezenet"))], [1], store=store, config=RunnerConfig(
+            cores=None, warmup_iters=1, warmup_time=0.0, min_iters=20, min_time=0.05, max_time=0.1))
+        assert s.bricks_reused == kept
+        assert s.bricks_measured == s.bricks_total - kept
+        assert store.count(kind="brick") == s.bricks_total

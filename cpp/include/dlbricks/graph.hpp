@@ -15,7 +15,7 @@ namespace dlbricks {
 
 /// Version of the sequence digest's canonical form (see docs/digests.md). Bump it
 /// whenever the bytes fed to the hash change: digests key persisted results.
-constexpr std::uint32_t kSequenceDigestVersion = 1;
+constexpr std::uint32_t kSequenceDigestVersion = 2;
 
 /// A non-owning view of one graph. Arrays must stay alive and unchanged while used.
 struct GraphView {

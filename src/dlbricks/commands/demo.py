@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         )
         result["runtime_graph"] = bool(args.runtime_graph)
         (work / "evaluation.json").write_text(json.dumps(result, indent=1))
-        html = build_report(analysis, result, store=store, fingerprint=system_fingerprint())
+        html = build_report(analysis, result, store=store, fingerprint=system_fingerprint(), models=bricks_models)
     report = work / "report.html"
     report.write_text(html)
     step("done")

@@ -1,0 +1,113 @@
+"""``dlbricks report``: one self-contained HTML file of an analysis, an evaluation and a store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dlbricks.commands._common import add_model_args, add_store_arg, parse_g_list, parse_input_shapes
+from dlbricks.model import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="one self-contained HTML report (figures embedded, viewable offline)",
+        description="Render the analysis, the evaluation and the results store as one HTML file. "
+        "Model PATHs are optional: with them the report analyses the corpus itself (unless --analysis is "
+        "given) and ranks bricks by the time they add to the corpus (median x occurrences).",
+    )
+    add_model_args(p, nargs="*")
+    add_store_arg(p)
+    p.add_argument("--analysis", metavar="FILE", help="JSON of `dlbricks analyze --json`")
+    p.add_argument("--evaluation", metavar="FILE", help="JSON of `dlbricks evaluate --save FILE`")
+    p.add_argument("--roofline", metavar="FILE", help="JSON of `dlbricks roofline --json`")
+    p.add_argument("-G", default="1,2,3", metavar="LIST",
+                   help="granularities when analysing PATHs without an evaluation (default 1,2,3)")
+    p.add_argument("--title", default="dlbricks report", help="page title")
+    p.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file (default report.html)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dlbricks.report import build_report, write_report
+
+    analysis = _read_json(args.analysis, "--analysis", ("models", "corpus"))
+    evaluation = _read_json(args.evaluation, "--evaluation", ("per_g", "models"))
+    roofline = _read_json(args.roofline, "--roofline", ())
+    models = None
+    if args.paths:
+        analysis, models = _from_models(args, analysis, evaluation)
+    store_path = _store_path(args.store, evaluation)
+    if store_path is None and analysis is None and evaluation is None:
+        raise UsageError("nothing to report: give --store, --analysis, --evaluation or model PATHs")
+    store = None
+    if store_path is not None:
+        from dlbricks.store import Store
+
+        store = Store(store_path, readonly=True)
+    try:
+        html = build_report(analysis, evaluation, store=store, roofline=roofline, models=models, title=args.title)
+    finally:
+        if store is not None:
+            store.close()
+    path = write_report(html, args.output)
+    print(path)
+    return 0
+
+
+def _read_json(path: str | None, option: str, required: tuple[str, ...]) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{option} {path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or any(k not in doc for k in required):
+        raise UsageError(f"{option} {path}: not the expected JSON (needs keys {', '.join(required)})")
+    return doc
+
+
+def _store_path(option: str | None, evaluation: dict[str, Any] | None) -> Path | None:
+    """--store; else the store the evaluation names; else the default store, if any exists."""
+    from dlbricks.store import default_store_path
+
+    if option is not None:
+        path = Path(option)
+        if not path.is_file():
+            raise UsageError(f"--store {option}: no such file")
+        return path
+    named = (evaluation or {}).get("store")
+    for candidate in ([Path(named)] if named else []) + [default_store_path()]:
+        if candidate.is_file():
+            print(f"dlbricks report: using store {candidate}", file=sys.stderr)
+            return candidate
+    return None
+
+
+def _from_models(args: argparse.Namespace, analysis: dict | None, evaluation: dict | None) -> tuple[dict | None, list]:
+    """Load the PATHs: the analysis (when not given) and the models the evaluation decomposed."""
+    from dlbricks.analysis import analyze, load_corpus, print_err
+
+    shapes = parse_input_shapes(args.input_shape)
+    loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
+    for e in loaded.errors:
+        print_err(f"skipped {e['error']}")
+    if analysis is None:
+        Gs = [int(g) for g in evaluation["G"]] if evaluation and evaluation.get("G") else parse_g_list(args.G)
+        analysis = analyze(loaded.models, Gs)
+        analysis["errors"] = loaded.errors
+    models = loaded.models
+    if evaluation and evaluation.get("runtime_graph"):
+        # The evaluation timed the bricks of the graphs onnxruntime executes.
+        from dlbricks.runtime_graph import runtime_models
+
+        level = (evaluation.get("config") or {}).get("graph_optimization", "default")
+        models = runtime_models(models, level=level, input_shapes=shapes)
+    return analysis, models

@@ -1,0 +1,466 @@
+"""The HTML report: built from a small real run, self-contained, well formed, loads in a browser."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from dlbricks.analysis import analyze
+from dlbricks.cli import main
+from dlbricks.onnx_io import load
+from dlbricks.report import SECTIONS, TOP_BRICKS, brick_contributions, build_report, write_report
+from dlbricks.store import Store
+from dlbricks.timing import RunnerConfig
+
+GS = (1, 2, 3)
+FIGURES = {
+    "unique-layers": "fig-unique-layers",
+    "repeated-types": "fig-repeated-types",
+    "jaccard": "fig-jaccard",
+    "e2e": "fig-e2e",
+    "normalized": "fig-normalized",
+    "geomean": "fig-geomean",
+    "speedup": "fig-speedup",
+    "top-bricks": "fig-top-bricks",
+    "uncertainty": "fig-uncertainty",
+}
+_JS_ERROR = re.compile(r"<html[^>]*\bdata-js-error=")
+ANALYSIS_SECTIONS = ("unique-layers", "repeated-types", "jaccard")
+EVALUATION_SECTIONS = ("e2e", "normalized", "geomean", "speedup", "uncertainty")
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def _conv_net() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["b"]),
+        helper.make_node("Conv", ["b", "w2"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["d"]),
+        helper.make_node("Conv", ["d", "w2"], ["e"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["e"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])],
+        [w1, w2],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _mlp() -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((16,)).astype(np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"]),
+        helper.make_node("Add", ["a", "b"], ["c"]),
+        helper.make_node("Relu", ["c"], ["d"]),
+        helper.make_node("MatMul", ["d", "w"], ["e"]),
+        helper.make_node("Add", ["e", "b"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A real (very short) evaluation of two tiny models, its analysis and its store."""
+    from dlbricks.pipeline import evaluate
+
+    root = tmp_path_factory.mktemp("report")
+    protos = {"convnet": _conv_net(), "mlp": _mlp()}
+    paths = []
+    for name, proto in protos.items():
+        onnx.save(proto, str(root / f"{name}.onnx"))
+        paths.append(root / f"{name}.onnx")
+    models = [load(proto, name=name) for name, proto in protos.items()]
+    config = RunnerConfig(min_time=0.01, max_time=0.05, warmup_time=0.0, warmup_iters=1, min_iters=5)
+    store_path = root / "results.sqlite"
+    with Store(store_path) as store:
+        evaluation = evaluate(models, GS, store=store, config=config, n_boot=50)
+    evaluation["store"] = str(store_path)
+    analysis = analyze(models, GS)
+    with Store(store_path, readonly=True) as store:
+        html_text = build_report(analysis, evaluation, store=store, models=models)
+    return {"root": root, "models": models, "paths": paths, "store": store_path, "evaluation": evaluation,
+            "analysis": analysis, "html": html_text}
+
+
+# ----------------------------------------------------------------------------- parsing
+
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+class _Doc(HTMLParser):
+    """Checks nesting while collecting ids, links, images, tables and notes."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.ids: list[str] = []
+        self.urls: list[str] = []
+        self.imgs: dict[str, str] = {}
+        self.tables: dict[str, list[list[str]]] = {}
+        self.sections: dict[str, dict] = {}
+        self.body_attrs: dict[str, str | None] = {}
+        self._figure: str | None = None
+        self._table: str | None = None
+        self._cell: list[str] | None = None
+        self._section: str | None = None
+        self._in_note = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag not in _VOID:
+            self.stack.append(tag)
+        if a.get("id"):
+            self.ids.append(a["id"])  # type: ignore[arg-type]
+        for key in ("src", "href", "srcset", "action", "poster"):
+            if a.get(key) is not None:
+                self.urls.append(a[key])  # type: ignore[arg-type]
+        if tag == "section":
+            self._section = a.get("id")
+            self.sections[self._section or ""] = {"notes": [], "figures": []}
+        if tag == "figure":
+            self._figure = a.get("id")
+            if self._section:
+                self.sections[self._section]["figures"].append(self._figure)
+        if tag == "img":
+            self.imgs[self._figure or f"img{len(self.imgs)}"] = a.get("src") or ""
+        if tag == "table":
+            self._table = a.get("id") or f"table{len(self.tables)}"
+            self.tables[self._table] = []
+        if tag == "tr" and self._table:
+            self.tables[self._table].append([])
+        if tag in ("td", "th") and self._table:
+            self._cell = []
+        if tag == "p" and "missing" in (a.get("class") or ""):
+            self._in_note = True
+            if self._section:
+                self.sections[self._section]["notes"].append("")
+        if tag == "body":
+            self.body_attrs = a
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
+            return
+        self.stack.pop()
+        if tag in ("td", "th") and self._table and self._cell is not None:
+            self.tables[self._table][-1].append("".join(self._cell).strip())
+            self._cell = None
+        if tag == "table":
+            self._table = None
+        if tag == "figure":
+            self._figure = None
+        if tag == "section":
+            self._section = None
+        if tag == "p":
+            self._in_note = False
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._in_note and self._section:
+            self.sections[self._section]["notes"][-1] += data
+
+
+def _parse(text: str) -> _Doc:
+    doc = _Doc()
+    doc.feed(text)
+    doc.close()
+    return doc
+
+
+def _body_rows(doc: _Doc, tid: str) -> list[list[str]]:
+    return doc.tables[tid][1:]  # the first row is the heading
+
+
+# ------------------------------------------------------------------------------- tests
+
+
+def test_report_has_every_section_with_an_embedded_figure(run: dict) -> None:
+    doc = _parse(run["html"])
+    for sid, _head in SECTIONS:
+        if sid == "roofline":
+            assert sid not in doc.sections  # only when a roofline result is given
+            continue
+        assert sid in doc.sections, sid
+        assert doc.sections[sid]["notes"] == [], (sid, doc.sections[sid]["notes"])
+    for sid, fid in FIGURES.items():
+        assert fid in doc.sections[sid]["figures"], (sid, doc.sections[sid])
+        src = doc.imgs[fid]
+        assert src.startswith("data:image/png;base64,"), fid
+        png = base64.b64decode(src.split(",", 1)[1], validate=True)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000, fid
+    # The system and the runner settings that produced the evaluation.
+    sid = run["evaluation"]["system_id"]
+    fp = {row[0]: row[1] for row in doc.tables[f"fingerprint-{sid}"]}
+    assert fp["cpu.logical_cores"] and fp["versions.onnxruntime"]
+    cfg = {row[0]: row[1] for row in doc.tables[f"config-{run['evaluation']['config_key']}"]}
+    assert cfg["min_time"] == "0.01" and cfg["intra_op_threads"] == "1"
+
+
+def test_report_is_well_formed_and_self_contained(run: dict) -> None:
+    text = run["html"]
+    doc = _parse(text)
+    assert doc.errors == [] and doc.stack == []
+    assert len(doc.ids) == len(set(doc.ids)), "duplicate ids"
+    for url in doc.urls:
+        assert url.startswith(("data:", "#")), url
+        if url.startswith("#"):
+            assert url[1:] in doc.ids, f"dangling link {url}"
+    lowered = text.lower()
+    for needle in ("http://", "https://", "//cdn", "url(", "@import", "<link", "<iframe"):
+        assert needle not in lowered, needle
+
+
+def test_report_tables_carry_the_evaluation_numbers(run: dict) -> None:
+    doc = _parse(run["html"])
+    ev = run["evaluation"]
+    rows = _body_rows(doc, "table-geomean")
+    assert [int(r[0]) for r in rows] == list(GS)
+    for row, g in zip(rows, ev["per_g"]):
+        assert float(row[3]) == pytest.approx(g["geomean_normalized"], abs=5e-4)
+    # Every model x G x mode has a row with its interval.
+    unc = _body_rows(doc, "table-uncertainty")
+    assert len(unc) == len(ev["models"]) * len(GS) * 2
+    assert {(r[0], int(r[1]), r[2]) for r in unc} == {
+        (m["name"], G, mode) for m in ev["models"] for G in GS for mode in ("sequential", "parallel")
+    }
+    unique = {r[0]: float(r[3]) for r in _body_rows(doc, "table-unique-layers")}
+    for m in run["analysis"]["models"]:
+        assert unique[m["name"]] == pytest.approx(m["unique_layer_pct"], abs=0.05)
+
+
+def test_top_bricks_weight_each_median_by_its_occurrences(run: dict) -> None:
+    ev = run["evaluation"]
+    with Store(run["store"], readonly=True) as store:
+        bricks = brick_contributions(run["models"], 1, store=store, system_id=ev["system_id"],
+                                     config_key=ev["config_key"])
+    g1 = next(g for g in ev["per_g"] if g["G"] == 1)
+    assert len(bricks) == g1["unique_bricks"]
+    assert sum(b["occurrences"] for b in bricks) == g1["bricks"]
+    contributions = [b["contribution_s"] for b in bricks]
+    assert contributions == sorted(contributions, reverse=True)
+    for b in bricks:
+        assert b["contribution_s"] == pytest.approx(b["median_s"] * b["occurrences"])
+        assert len(b["op_types"]) == 1  # G=1: one layer per brick
+    # Summed over the corpus they are the sequential predictions summed over the models.
+    predicted = sum(m["per_g"]["1"]["sequential"]["latency_s"] for m in ev["models"])
+    assert sum(contributions) == pytest.approx(predicted, rel=1e-9)
+    rows = _body_rows(_parse(run["html"]), "table-top-bricks")
+    assert len(rows) == min(TOP_BRICKS, len(bricks))
+    assert [r[1] for r in rows] == [b["digest"][:12] for b in bricks[: len(rows)]]
+    assert [int(r[4]) for r in rows] == [b["occurrences"] for b in bricks[: len(rows)]]
+    assert float(rows[-1][11]) == pytest.approx(100.0, abs=0.05)  # cumulative share
+
+
+def test_top_bricks_warn_when_the_models_are_not_the_evaluated_ones(run: dict) -> None:
+    with Store(run["store"], readonly=True) as store:
+        text = build_report(None, run["evaluation"], store=store, models=run["models"][:1])
+    doc = _parse(text)
+    assert len(_body_rows(doc, "table-top-bricks")) < next(g["unique_bricks"] for g in run["evaluation"]["per_g"]
+                                                          if g["G"] == 1)
+    assert "are not the ones evaluated" in text
+    assert "are not the ones evaluated" not in run["html"]
+
+
+def test_top_bricks_come_from_an_evaluation_bricks_list_when_present(run: dict) -> None:
+    ev = copy.deepcopy(run["evaluation"])
+    ev["bricks"] = [
+        {"G": 1, "digest": "aa" * 16, "occurrences": 1, "median_s": 5e-3, "op_types": ["Conv"]},
+        {"G": 1, "digest": "bb" * 16, "occurrences": 100, "median_s": 1e-4, "op_types": ["Relu"]},
+        {"G": 2, "digest": "cc" * 16, "occurrences": 1, "median_s": 1.0, "op_types": ["Conv", "Relu"]},
+    ]
+    doc = _parse(build_report(None, ev))
+    rows = _body_rows(doc, "table-top-bricks")
+    # 100 x 0.1 ms outweighs 1 x 5 ms; the G=2 brick is not at the smallest G.
+    assert [r[1] for r in rows] == ["bb" * 6, "aa" * 6]
+    assert [r[3] for r in rows] == ["Relu", "Conv"]
+    assert rows[0][9] == "10.000 ms"
+
+
+def test_store_only_report_shows_settings_results_and_bricks_by_median(run: dict) -> None:
+    with Store(run["store"], readonly=True) as store:
+        text = build_report(None, None, store=store)
+        n_results = store.count()
+        n_bricks = store.count(kind="brick", status="ok")
+    doc = _parse(text)
+    assert doc.errors == []
+    assert any(i.startswith("fingerprint-") for i in doc.ids)
+    assert f"config-{run['evaluation']['config_key']}" in doc.ids
+    assert len(_body_rows(doc, "table-results")) == n_results
+    rows = _body_rows(doc, "table-top-bricks")
+    assert len(rows) == min(TOP_BRICKS, n_bricks)
+    assert all(r[4] == "" for r in rows)  # no occurrence counts without the models
+    for sid in ANALYSIS_SECTIONS + EVALUATION_SECTIONS:
+        assert doc.sections[sid]["notes"], sid
+        assert not doc.sections[sid]["figures"], sid
+    assert "fig-top-bricks" in doc.imgs
+
+
+def test_missing_inputs_leave_each_section_with_a_note(run: dict) -> None:
+    doc = _parse(build_report(None, None))
+    assert doc.errors == [] and doc.imgs == {}
+    for sid, _head in SECTIONS[:-1]:
+        assert doc.sections[sid]["notes"] and doc.sections[sid]["notes"][0].strip(), sid
+    doc = _parse(build_report(run["analysis"], None))
+    for sid in ANALYSIS_SECTIONS:
+        assert FIGURES[sid] in doc.imgs and not doc.sections[sid]["notes"]
+    for sid in EVALUATION_SECTIONS + ("top-bricks", "results"):
+        assert doc.sections[sid]["notes"] and not doc.sections[sid]["figures"], sid
+
+
+def test_text_from_the_inputs_is_escaped() -> None:
+    hostile = '<script>alert("x")</script> $\\alpha$ & "q"'
+    analysis = {
+        "G": [1],
+        "models": [{"name": hostile, "layers": 2, "unique_layers": 1, "unique_layer_pct": 50.0,
+                    "sequences": {"1": {"sequences": 2, "unique_sequences": 1}},
+                    "repeated_layer_types": {"<b>Op</b>": 1}}],
+        "corpus": {"models": 1, "layers": 2, "unique_layers": 1, "unique_layer_pct": 50.0,
+                   "sequences": {"1": {"sequences": 2, "unique_sequences": 1}},
+                   "jaccard": {"names": [hostile], "matrix": [[1.0]]}},
+    }
+    text = build_report(analysis, None, title="</title><img src=x>")
+    assert "<script>alert" not in text and "<b>Op</b>" not in text and "<img src=x>" not in text
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in text
+    doc = _parse(text)
+    assert doc.errors == []
+    assert [r[0] for r in _body_rows(doc, "table-unique-layers")][0] == hostile
+    assert all(u.startswith(("data:", "#")) for u in doc.urls)
+
+
+def test_roofline_is_rendered_generically_when_given(run: dict) -> None:
+    png = base64.b64decode(_parse(run["html"]).imgs["fig-jaccard"].split(",", 1)[1])
+    roofline = {
+        "schema_version": 0,
+        "peak_gflops": 123.5,
+        "models": [{"name": "convnet", "gflop": 0.02, "intensity": 3.5, "extra": {"nested": 1}},
+                   {"name": "mlp", "gflop": 0.001, "bound": "memory"}],
+        "peaks": {"gflops": 50.0, "flags": ["avx2", "fma"]},
+        "brick_headroom": {"1": [{"digest": "ab" * 16, "bound_s": 1.5e-6, "measured_s": 3e-6}]},
+        "plot_png_base64": base64.b64encode(png).decode(),
+    }
+    doc = _parse(build_report(None, None, roofline=roofline))
+    assert "roofline" in doc.sections and "#roofline" in doc.urls
+    assert doc.imgs["fig-roofline"].startswith("data:image/png;base64,")
+    assert doc.tables["table-roofline"][0] == ["name", "gflop", "intensity", "bound"]
+    assert [r[0] for r in _body_rows(doc, "table-roofline")] == ["convnet", "mlp"]
+    meta = {r[0]: r[1] for r in doc.tables["roofline-meta"]}
+    assert meta["peak_gflops"] == "123.5" and meta["peaks.gflops"] == "50" and meta["peaks.flags"] == "avx2, fma"
+    assert _body_rows(doc, "table-roofline-brick-headroom-1") == [["ab" * 16, "1.500 µs", "3.000 µs"]]
+    bad = _parse(build_report(None, None, roofline={"plot_png_base64": "not base64!"}))
+    assert "fig-roofline" not in bad.imgs and bad.sections["roofline"]["notes"]
+
+
+def test_write_report_replaces_the_file_atomically(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "r.html"
+    assert write_report("<p>one</p>", target) == target
+    write_report("<p>two</p>", target)
+    assert target.read_text() == "<p>two</p>"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["r.html"]
+
+
+def test_cli_writes_the_report_from_json_inputs(run: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    an, ev = tmp_path / "analysis.json", tmp_path / "evaluation.json"
+    an.write_text(json.dumps(run["analysis"]))
+    ev.write_text(json.dumps(run["evaluation"]))
+    out = tmp_path / "out" / "report.html"
+    rc = main(["report", "--store", str(run["store"]), "--analysis", str(an), "--evaluation", str(ev),
+               "-o", str(out)])
+    assert rc == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    doc = _parse(out.read_text())
+    assert set(FIGURES.values()) <= set(doc.imgs)
+    # Without the models the bricks are ranked by median only.
+    assert all(r[4] == "" for r in _body_rows(doc, "table-top-bricks"))
+
+
+def test_cli_with_model_paths_analyses_them_and_counts_occurrences(run: dict, tmp_path: Path) -> None:
+    ev = tmp_path / "evaluation.json"
+    ev.write_text(json.dumps(run["evaluation"]))
+    out = tmp_path / "report.html"
+    rc = main(["report", *map(str, run["paths"]), "--evaluation", str(ev), "-o", str(out)])
+    assert rc == 0  # the store comes from the evaluation's "store" entry
+    doc = _parse(out.read_text())
+    assert "fig-jaccard" in doc.imgs and "table-results" in doc.tables
+    rows = _body_rows(doc, "table-top-bricks")
+    assert sum(int(r[4]) for r in rows) == next(g["bricks"] for g in run["evaluation"]["per_g"] if g["G"] == 1)
+
+
+def test_cli_usage_errors_exit_2(run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no default store
+    out = str(tmp_path / "r.html")
+    assert main(["report", "-o", out]) == 2
+    assert "nothing to report" in capsys.readouterr().err
+    assert main(["report", "--store", str(tmp_path / "none.sqlite"), "-o", out]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["report", "--evaluation", str(bad), "-o", out]) == 2
+    swapped = tmp_path / "analysis.json"
+    swapped.write_text(json.dumps(run["analysis"]))
+    assert main(["report", "--evaluation", str(swapped), "-o", out]) == 2
+    assert "not the expected JSON" in capsys.readouterr().err
+    assert not Path(out).exists()
+
+
+@pytest.mark.browser
+def test_report_loads_in_headless_chromium(run: dict, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    page = write_report(run["html"], tmp_path / "report.html")
+    base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # The inline script ran to its end, and no error reached window.onerror.
+    assert 'data-ready="1"' in dom.stdout, dom.stdout[:500]
+    assert not _JS_ERROR.search(dom.stdout)
+    # The error trap works: the same page with a failing script is caught.
+    head = run["html"].split("<main>", 1)[0]
+    broken = write_report(head + "<script>no_such_function();</script></body></html>", tmp_path / "broken.html")
+    dom = subprocess.run([*base, "--dump-dom", broken.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0 and _JS_ERROR.search(dom.stdout), dom.stdout[:300]
+    shot = tmp_path / "shot.png"
+    res = subprocess.run([*base, f"--screenshot={shot}", "--window-size=1280,4000", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    from PIL import Image
+
+    with Image.open(shot) as im:
+        assert im.size == (1280, 4000)
+        gray = np.asarray(im.convert("L"))
+    # Rendered content, not a blank page: dark text and many distinct shades (figures).
+    assert (gray < 100).mean() > 0.002
+    assert np.unique(gray).size > 50

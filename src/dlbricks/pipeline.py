@@ -64,16 +64,22 @@ class BenchSummary:
 
 
 class _Progress:
-    """A rich progress bar on stderr (bricks done, total, ETA), or nothing."""
+    """Progress on stderr: a rich bar (done, total, ETA) on a terminal, else a plain
+    line every 10% or 30 s, so logs of long runs show that they advance."""
 
     def __init__(self, enabled: bool, description: str) -> None:
         self.enabled = enabled
         self.description = description
         self._progress = None
         self._task = None
+        self._total = 0
+        self._done = 0
+        self._start = time.perf_counter()
+        self._last_line = 0.0
+        self._last_pct = -1
 
     def __enter__(self) -> "_Progress":
-        if self.enabled:
+        if self.enabled and sys.stderr.isatty():
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -92,12 +98,23 @@ class _Progress:
         return self
 
     def set_total(self, total: int) -> None:
+        self._total = total
         if self._progress is not None:
             self._progress.update(self._task, total=total)
 
     def advance(self, n: int = 1) -> None:
+        self._done += n
         if self._progress is not None:
             self._progress.advance(self._task, n)
+        elif self.enabled and self._total:
+            now = time.perf_counter()
+            pct = 100 * self._done // self._total
+            if pct // 10 > self._last_pct // 10 or now - self._last_line > 30 or self._done == self._total:
+                elapsed = now - self._start
+                eta = elapsed / self._done * (self._total - self._done)
+                print(f"{self.description}: {self._done}/{self._total} ({pct}%), {elapsed:.0f} s elapsed, "
+                      f"eta {eta:.0f} s", file=sys.stderr, flush=True)
+                self._last_line, self._last_pct = now, pct
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
@@ -492,6 +509,7 @@ def evaluate(
 
     rows: dict[str, dict] = {m.name: {"name": m.name, "path": m.path, "layers": m.n_layers, "per_g": {}} for m in models}
     per_g = []
+    bricks_out: list[dict] = []
     e2e_total = sum(e2e[m.name].median_ns for m in models) * 1e-9  # type: ignore[union-attr]
     e2e_wall = sum(_wall_s(e2e[m.name]) for m in models)
     for G in Gs:
@@ -514,6 +532,20 @@ def evaluate(
         sp = corpus.split(G)
         unique = [bytes(d).hex() for d in sp.unique_digests]
         recs = [store.get_result("brick", d, bver, system_id, config_key) for d in unique]
+        occurrences = sp.occurrences().sum(axis=0)
+        for u, (d, rec) in enumerate(zip(unique, recs)):
+            m, members = sp.first_occurrence(u)
+            median_s = rec.median_ns * 1e-9  # type: ignore[union-attr]
+            bricks_out.append({
+                "G": G,
+                "digest": d,
+                "occurrences": int(occurrences[u]),
+                "median_s": median_s,
+                "ci_low_s": rec.stats["ci_low"] * 1e-9,  # type: ignore[union-attr,index]
+                "ci_high_s": rec.stats["ci_high"] * 1e-9,  # type: ignore[union-attr,index]
+                "op_types": [models[m].layers[i].kind for i in members],
+                "contribution_s": median_s * int(occurrences[u]),
+            })
         brick_total = sum(r.median_ns for r in recs) * 1e-9  # type: ignore[union-attr]
         brick_wall = sum(_wall_s(r) for r in recs)
         per_g.append(
@@ -549,6 +581,7 @@ def evaluate(
         "G": list(Gs),
         "per_g": per_g,
         "models": list(rows.values()),
+        "bricks": bricks_out,
     }
 
 

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             e2e=args.e2e,
             jobs=args.jobs,
             seed=args.seed,
-            progress=sys.stderr.isatty(),
+            progress=True,
             on_event=warn,
             e2e_models=e2e_models,
         )

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     models = load_models(args)
     with open_store(args) as store:
         if args.measure_missing:
-            bench(models, [args.G], store=store, config=config, seed=args.seed, progress=sys.stderr.isatty())
+            bench(models, [args.G], store=store, config=config, seed=args.seed, progress=True)
         preds = reconstruct(
             models,
             args.G,

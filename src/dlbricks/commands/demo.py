@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             store=store,
             config=config,
             seed=args.seed,
-            progress=sys.stderr.isatty(),
+            progress=True,
             e2e_models=models if args.runtime_graph else None,
         )
         result["runtime_graph"] = bool(args.runtime_graph)

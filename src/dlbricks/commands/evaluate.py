@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             measure_missing=not args.no_measure,
             workdir=args.workdir,
             seed=args.seed,
-            progress=sys.stderr.isatty(),
+            progress=True,
             n_boot=args.bootstrap,
             e2e_models=e2e_models,
         )

@@ -195,9 +195,11 @@ def bench(
     if bricks:
         catalogue = unique_bricks(models, Gs)
         summary.bricks_total = len(catalogue)
-        for d, (model, members, G) in catalogue.items():
-            store.put_brick(d, bver, g=G, op_types=[model.layers[i].kind for i in members],
-                            meta={"source_model": model.name, "layers": len(members)})
+        store.put_bricks(
+            (d, bver, {"g": G, "op_types": [model.layers[i].kind for i in members],
+                       "meta": {"source_model": model.name, "layers": len(members)}})
+            for d, (model, members, G) in catalogue.items()
+        )
         wanted = list(catalogue)
         missing = set(wanted if force else store.missing("brick", wanted, bver, system_id, config_key, retry_failed=retry_failed))
         summary.bricks_reused = len(wanted) - len(missing)

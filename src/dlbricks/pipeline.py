@@ -155,6 +155,7 @@ def bench(
     retry_failed: bool = True,
     on_event: Callable[[str], None] | None = None,
     e2e_models: Sequence[Model] | None = None,
+    brick_dirs: Sequence[str | Path] = (),
 ) -> BenchSummary:
     """Measure every unique brick (and, with ``e2e``, every whole model) not yet stored.
 
@@ -174,6 +175,8 @@ def bench(
         retry_failed: measure again bricks whose stored result is a failure.
         e2e_models: the models to time end to end, when they differ from the models
             decomposed (runtime-graph decomposition times the source models end to end).
+        brick_dirs: folders of bricks written by :func:`dlbricks.bricks.generate_bricks`
+            (``<digest>.onnx``); a brick found there is timed from there, not rebuilt.
 
     Returns:
         a :class:`BenchSummary`.
@@ -226,6 +229,8 @@ def bench(
             for kind, d, model, members, G in items:
                 t0 = time.perf_counter()
                 path = out / kind / f"{d}.onnx"
+                if kind == "brick":
+                    path = next((Path(b) / f"{d}.onnx" for b in brick_dirs if (Path(b) / f"{d}.onnx").exists()), path)
                 try:
                     if not path.exists():
                         if kind == "brick":
@@ -275,7 +280,9 @@ def bench(
             store.put_result(kind, d, bver if kind == "brick" else mver, system_id, config_key, result)  # type: ignore[arg-type]
             ok = isinstance(result, Measurement)
             _count(kind, ok=ok, error="" if ok else getattr(result, "error", "failed"), digest=d)
-            # The brick's files are no longer needed once measured.
+            # Bricks this run generated are no longer needed once measured.
+            if Path(job.path).parent.parent != out:
+                return
             with contextlib.suppress(OSError):
                 Path(job.path).unlink()
                 Path(job.path + ".data").unlink(missing_ok=True)
@@ -470,6 +477,7 @@ def evaluate(
     progress: bool = False,
     n_boot: int = 400,
     e2e_models: Sequence[Model] | None = None,
+    brick_dirs: Sequence[str | Path] = (),
 ) -> dict:
     """The paper's experiments: constructed vs end-to-end latency and speedups per G.
 
@@ -487,7 +495,7 @@ def evaluate(
     whole = {m.name: m for m in (e2e_models if e2e_models is not None else models)}
     if measure_missing:
         bench(models, Gs, store=store, config=config, workdir=workdir, e2e=True, seed=seed, progress=progress,
-              e2e_models=list(whole.values()))
+              e2e_models=list(whole.values()), brick_dirs=brick_dirs)
     system_id = fingerprint_id(system_fingerprint())
     config_key = config.key()
     mver = model_digest_version()

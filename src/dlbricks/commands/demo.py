@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=True,
             e2e_models=models if args.runtime_graph else None,
+            brick_dirs=[work / "bricks" / f"G{G}" for G in Gs],
         )
         result["runtime_graph"] = bool(args.runtime_graph)
         (work / "evaluation.json").write_text(json.dumps(result, indent=1))

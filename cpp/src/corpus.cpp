@@ -6,6 +6,63 @@
 #include <unordered_map>
 
 namespace dlbricks {
+namespace {
+
+// Open addressing with linear probing over a power-of-two table of (digest, id) slots:
+// one cache line per lookup (std::unordered_map costs a bucket load plus a chain of
+// node loads, and a division by a prime). Digests are uniform, so their first 8
+// bytes are the hash. Ids are handed out by the caller in first-appearance order.
+class DigestIndex {
+public:
+    /// Returns the id of d, inserting it with id `next` when absent; `inserted` tells which.
+    std::int32_t find_or_insert(const Digest128& d, std::int32_t next, bool& inserted) {
+        if (2 * (count_ + 1) > slots_.size()) grow();
+        std::size_t i = hash(d) & mask_;
+        while (true) {
+            Slot& s = slots_[i];
+            if (s.id < 0) {
+                s.key = d;
+                s.id = next;
+                ++count_;
+                inserted = true;
+                return next;
+            }
+            if (s.key == d) {
+                inserted = false;
+                return s.id;
+            }
+            i = (i + 1) & mask_;
+        }
+    }
+
+    /// Starts loading d's home slot; a model's sequences are looked up right after.
+    void prefetch(const Digest128& d) const {
+        if (!slots_.empty()) __builtin_prefetch(&slots_[hash(d) & mask_]);
+    }
+
+private:
+    struct Slot {
+        Digest128 key;
+        std::int32_t id = -1;
+    };
+    static std::size_t hash(const Digest128& d) { return Digest128Hash{}(d); }
+    void grow() {
+        std::vector<Slot> old = std::move(slots_);
+        slots_.assign(old.empty() ? 1024 : 2 * old.size(), Slot{});
+        mask_ = slots_.size() - 1;
+        for (const Slot& s : old)
+            if (s.id >= 0) {
+                std::size_t i = hash(s.key) & mask_;
+                while (slots_[i].id >= 0) i = (i + 1) & mask_;
+                slots_[i] = s;
+            }
+    }
+    std::vector<Slot> slots_;
+    std::size_t mask_ = 0;
+    std::size_t count_ = 0;
+};
+
+}  // namespace
 
 CorpusResult dedup_corpus(const CorpusView& c, int G) {
     if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
@@ -26,8 +83,8 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
 
     // Ids are handed out in first-appearance order; the maps are only lookups, so their
     // iteration order never shows in the result.
-    std::unordered_map<Digest128, std::int32_t, Digest128Hash> layer_index;
-    std::unordered_map<Digest128, std::int32_t, Digest128Hash> seq_index;
+    DigestIndex layer_index, seq_index;
+    std::int32_t n_layers = 0, n_seqs = 0;
 
     for (std::int64_t i = 0; i < c.n_models; ++i) {
         const std::int64_t node_base = c.node_offsets[i];
@@ -42,9 +99,12 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
         g.digests = c.digests + node_base;
 
         for (std::int64_t v = 0; v < g.n_nodes; ++v) {
-            auto inserted = layer_index.try_emplace(g.digests[v], static_cast<std::int32_t>(layer_index.size()));
-            if (inserted.second) r.unique_layer_first.push_back(node_base + v);
-            r.layer_ids[node_base + v] = inserted.first->second;
+            bool inserted;
+            r.layer_ids[node_base + v] = layer_index.find_or_insert(g.digests[v], n_layers, inserted);
+            if (inserted) {
+                ++n_layers;
+                r.unique_layer_first.push_back(node_base + v);
+            }
         }
 
         Split split;
@@ -56,14 +116,17 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
         }
         const std::int64_t member_base = static_cast<std::int64_t>(r.seq_members.size());
         r.seq_members.insert(r.seq_members.end(), split.members.begin(), split.members.end());
+        for (const Digest128& d : split.digests) seq_index.prefetch(d);
         for (std::size_t s = 0; s < split.digests.size(); ++s) {
             r.seq_offsets.push_back(member_base + split.offsets[s + 1]);
-            auto inserted = seq_index.try_emplace(split.digests[s], static_cast<std::int32_t>(seq_index.size()));
-            if (inserted.second) {
+            bool inserted;
+            const std::int32_t id = seq_index.find_or_insert(split.digests[s], n_seqs, inserted);
+            if (inserted) {
+                ++n_seqs;
                 r.unique_seq_digests.push_back(split.digests[s]);
                 r.unique_seq_first.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
             }
-            r.seq_ids.push_back(inserted.first->second);
+            r.seq_ids.push_back(id);
         }
         r.seq_model_offsets.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
     }
@@ -71,10 +134,13 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
 }
 
 std::vector<double> jaccard_matrix(std::int64_t m, const std::int64_t* node_offsets, const std::int32_t* layer_ids) {
-    std::vector<std::vector<std::int32_t>> sets(static_cast<std::size_t>(m));
-    for (std::int64_t i = 0; i < m; ++i) {
+    // Check every offset before reading any layer id: with the first and last offsets
+    // checked by the caller, non-decreasing offsets keep every read in range.
+    for (std::int64_t i = 0; i < m; ++i)
         if (node_offsets[i + 1] < node_offsets[i])
             throw std::invalid_argument("offsets of model " + std::to_string(i) + " decrease");
+    std::vector<std::vector<std::int32_t>> sets(static_cast<std::size_t>(m));
+    for (std::int64_t i = 0; i < m; ++i) {
         auto& s = sets[i];
         s.assign(layer_ids + node_offsets[i], layer_ids + node_offsets[i + 1]);
         std::sort(s.begin(), s.end());

@@ -29,9 +29,15 @@ constexpr std::size_t kOutBytes = 16;
 inline std::uint64_t rotr(std::uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
 
 inline std::uint64_t load_le64(const std::uint8_t* p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    std::uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+#else
     std::uint64_t v = 0;
     for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
     return v;
+#endif
 }
 
 inline void mix(std::uint64_t* v, int a, int b, int c, int d, std::uint64_t x, std::uint64_t y) {
@@ -63,6 +69,7 @@ void Blake2b128::compress(const std::uint8_t* block, bool last) {
     }
     v[12] ^= counter_;  // low word of the 128-bit counter; the high word stays 0
     if (last) v[14] = ~v[14];
+#pragma GCC unroll 12
     for (const auto& s : kSigma) {
         mix(v, 0, 4, 8, 12, m[s[0]], m[s[1]]);
         mix(v, 1, 5, 9, 13, m[s[2]], m[s[3]]);

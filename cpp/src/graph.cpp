@@ -1,6 +1,7 @@
 #include "dlbricks/graph.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -162,6 +163,7 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     std::vector<ExternalInput> external;
     std::vector<std::pair<std::int64_t, std::uint32_t>> groups;  // (src node << 32 | slot) -> group id
     std::vector<std::uint32_t> group_of, group_size, shared_id;
+    std::vector<std::uint8_t> bytes;  // canonical form of the current sequence
 
     auto emit = [&](std::int64_t begin, std::int64_t size) {
         internal.clear();
@@ -183,25 +185,8 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
                 }
             }
         }
-        Blake2b128 h;
-        h.update("DLBSEQ\0\0", 8);
-        h.update_u32(kSequenceDigestVersion);
-        h.update_u32(static_cast<std::uint32_t>(size));
-        for (std::int64_t local = 0; local < size; ++local) {
-            const std::int32_t v = order[begin + local];
-            h.update(g.digests[v].bytes.data(), 16);
-            out.members.push_back(v);
-        }
-        // Internal edges come out ordered by (dst_local, dst_slot, ...) already, because
-        // members are visited in order and each node's inputs are sorted by slot.
-        h.update_u32(static_cast<std::uint32_t>(internal.size() / 4));
-        for (std::uint32_t w : internal) h.update_u32(w);
-        // External inputs: a layer digest already fixes every input's type, and the
-        // internal edges say which inputs come from inside, so an external input adds
-        // information only when it shares its source with another external input
-        // (Add(x, x), or two members reading one outside tensor). Only those shared
-        // sources are hashed; a sequence fed by a graph input and one fed by an outside
-        // layer then get the same digest, as their bricks are the same.
+        // The canonical bytes are laid out in one buffer and hashed in one call: feeding
+        // the hasher 4 bytes at a time cost more than the compression itself.
         groups.clear();
         group_of.clear();
         for (const ExternalInput& x : external) {
@@ -217,21 +202,45 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
         }
         group_size.assign(groups.size(), 0);
         for (std::uint32_t grp : group_of) ++group_size[grp];
+        const std::size_t need = 16 + 16 * static_cast<std::size_t>(size) + 4 + 4 * internal.size() + 4 + 12 * external.size();
+        if (bytes.size() < need) bytes.resize(need);
+        std::uint8_t* p = bytes.data();
+        auto put_u32 = [&p](std::uint32_t x) {
+            p[0] = static_cast<std::uint8_t>(x);
+            p[1] = static_cast<std::uint8_t>(x >> 8);
+            p[2] = static_cast<std::uint8_t>(x >> 16);
+            p[3] = static_cast<std::uint8_t>(x >> 24);
+            p += 4;
+        };
+        std::memcpy(p, "DLBSEQ\0\0", 8);
+        p += 8;
+        put_u32(kSequenceDigestVersion);
+        put_u32(static_cast<std::uint32_t>(size));
+        for (std::int64_t local = 0; local < size; ++local) {
+            const std::int32_t v = order[begin + local];
+            std::memcpy(p, g.digests[v].bytes.data(), 16);
+            p += 16;
+            out.members.push_back(v);
+        }
+        put_u32(static_cast<std::uint32_t>(internal.size() / 4));
+        for (std::uint32_t w : internal) put_u32(w);
+        std::uint8_t* count_at = p;
+        p += 4;
         shared_id.assign(groups.size(), UINT32_MAX);
         std::uint32_t n_shared_inputs = 0, next_shared = 0;
-        for (std::uint32_t grp : group_of)
-            if (group_size[grp] > 1) {
-                ++n_shared_inputs;
-                if (shared_id[grp] == UINT32_MAX) shared_id[grp] = next_shared++;
-            }
-        h.update_u32(n_shared_inputs);
         for (std::size_t k = 0; k < external.size(); ++k) {
-            if (group_size[group_of[k]] < 2) continue;
-            h.update_u32(external[k].dst_local);
-            h.update_u32(external[k].dst_slot);
-            h.update_u32(shared_id[group_of[k]]);
+            const std::uint32_t grp = group_of[k];
+            if (group_size[grp] < 2) continue;
+            if (shared_id[grp] == UINT32_MAX) shared_id[grp] = next_shared++;
+            ++n_shared_inputs;
+            put_u32(external[k].dst_local);
+            put_u32(external[k].dst_slot);
+            put_u32(shared_id[grp]);
         }
-        out.digests.push_back(h.finish());
+        std::uint8_t* end = p;
+        p = count_at;
+        put_u32(n_shared_inputs);
+        out.digests.push_back(digest128(bytes.data(), static_cast<std::size_t>(end - bytes.data())));
         out.offsets.push_back(static_cast<std::int64_t>(out.members.size()));
     };
 

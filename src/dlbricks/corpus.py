@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from dlbricks import _core
-from dlbricks.graph import GraphLike, Split, _check_graph
+from dlbricks.graph import _MAX_G, GraphLike, Split, _check_graph
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +160,11 @@ class Corpus:
         """
         if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
             raise TypeError(f"G must be an int, got {type(G).__name__}")
-        G = int(G)
+        if G < 1:
+            raise ValueError(f"G must be at least 1, got {G}")
+        # Any G of at least the largest model's layer count gives the same split; the
+        # core takes an int32.
+        G = min(int(G), _MAX_G)
         if G not in self._splits:
             try:
                 r = _core.dedup_corpus(

@@ -16,6 +16,7 @@ import numpy as np
 from dlbricks import _core
 
 SEQUENCE_DIGEST_VERSION: int = _core.SEQUENCE_DIGEST_VERSION
+_MAX_G = 2**31 - 1
 
 
 @runtime_checkable
@@ -136,6 +137,10 @@ def split(graph: GraphLike, G: int) -> Split:
     _check_graph(graph)
     if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
         raise TypeError(f"G must be an int, got {type(G).__name__}")
+    if G < 1:
+        raise ValueError(f"G must be at least 1, got {G}")
+    # Any G of at least the layer count gives the same split; the core takes an int32.
+    G = min(int(G), _MAX_G)
     offsets, members, digests = _core.split_sequences(
         graph.digests,
         graph.edge_src,

@@ -13,7 +13,7 @@
 
 namespace dlbricks {
 
-/// Version of the sequence digest's canonical form (see docs/digests.md). Bump it
+/// Version of the sequence digest's canonical form (see docs/core.md). Bump it
 /// whenever the bytes fed to the hash change: digests key persisted results.
 constexpr std::uint32_t kSequenceDigestVersion = 2;
 

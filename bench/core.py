@@ -1,0 +1,497 @@
+"""Speed and memory of the C++ core on a synthetic architecture-search corpus.
+
+Usage: python bench/core.py [--sizes 10000,100000,1000000] [--repeat 5] [-o out.json]
+
+The corpus: models of 80-120 layers drawn from 30 layer kinds (4 widths each), mostly
+chains, with about 12% of layers an Add fed by a skip connection from 2-6 layers back
+(so some layers have two consumers) and about 2% of edges reading a second output.
+Node lists are topologically sorted, as ONNX requires.
+
+The process is pinned to one CPU. Each figure is a discarded warmup plus ``--repeat``
+values (median, MAD, min, raw values), as CPU time of the calling thread (``*_cpu_s``:
+robust to other processes sharing the machine) and wall time (``*_wall_s``):
+  * ``generate_wall_s``: building the flat numpy arrays (not part of dlbricks).
+  * ``corpus_build_*``: ``Corpus(graphs)`` from per-model ``Graph`` views (Python:
+    concatenates the arrays). Not included in ``layers_per_s``.
+  * ``core_split_*``: ``Corpus.split(3)`` on a fresh Corpus: per model topological
+    order, split at G=3, sequence digests, then corpus-wide dedup of layers and
+    sequences. ``layers_per_s`` = layers / median CPU time of this.
+  * ``python_*``: bench/pycore.py doing the same on Python lists, one run (the
+    numpy->list conversion, ``python_convert_cpu_s``, is excluded). At a size where the
+    per-layer time of the previous size predicts more than 120 s it is extrapolated.
+Both implementations must give identical unique-sequence digests, ids and members.
+
+Memory: each size runs in two fresh subprocesses that read the arrays from .npy files
+and build the Corpus. ``bytes_per_layer`` is (ru_maxrss of the one that then splits)
+minus (ru_maxrss of the one that does not), per layer. As a cross-check the splitting
+process resets its high-water mark (/proc/self/clear_refs) right before the split and
+reports VmHWM - VmRSS (``hwm_bytes_per_layer``).
+
+``analyze_split``: ``dlbricks analyze`` over the nine light models of onnx's test data,
+with onnx parsing, shape inference, onnx's reference evaluator and the C++ core calls
+timed apart from the total.
+
+The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import functools
+import hashlib
+import io
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import dlbricks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pycore  # noqa: E402
+
+SCHEMA_VERSION = 1
+G = 3
+N_KINDS = 30
+N_WIDTHS = 4
+ADD_KIND = 0
+SKIP_RATE = 0.12
+SECOND_OUTPUT_RATE = 0.02
+ARRAY_KEYS = ("node_offsets", "edge_offsets", "digests", "src", "dst", "src_slot", "dst_slot")
+PYTHON_LIMIT_S = 120.0  # measure pure Python at a size only if its estimate is below this
+
+
+# -- the synthetic corpus -----------------------------------------------------------
+def make_corpus_arrays(n_layers: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Flat arrays of a corpus of about ``n_layers`` layers (models of 80-120 layers)."""
+    rng = np.random.default_rng(seed)
+    n_models = max(1, n_layers // 100)
+    sizes = rng.integers(80, 121, size=n_models)
+    node_offsets = np.zeros(n_models + 1, dtype=np.int64)
+    np.cumsum(sizes, out=node_offsets[1:])
+    n = int(node_offsets[-1])
+    model_of = np.repeat(np.arange(n_models), sizes)
+    base = node_offsets[:-1][model_of]
+    local = np.arange(n, dtype=np.int64) - base
+    size_of = sizes[model_of]
+
+    # Layer identity: a kind (Zipf-like frequencies) and a width growing by stage.
+    p = 1.0 / np.arange(1, N_KINDS + 1) ** 1.1
+    kind = rng.choice(N_KINDS, size=n, p=p / p.sum())
+    width = np.minimum(N_WIDTHS - 1, local * N_WIDTHS // size_of)
+
+    # Chain edges v-1 -> v, plus skip edges into Add layers from 2..6 layers back.
+    chain_dst = np.flatnonzero(local >= 1)
+    skip_dst = np.flatnonzero((local >= 2) & (rng.random(n) < SKIP_RATE))
+    skip_src = np.maximum(skip_dst - rng.integers(2, 7, size=skip_dst.size), base[skip_dst])
+    kind[skip_dst] = ADD_KIND
+    vocab = np.frombuffer(
+        b"".join(hashlib.blake2b(f"kind{k}/width{w}".encode(), digest_size=16).digest()
+                 for k in range(N_KINDS) for w in range(N_WIDTHS)),
+        dtype=np.uint8,
+    ).reshape(-1, 16)
+    digests = vocab[kind * N_WIDTHS + width]
+
+    src = np.concatenate([chain_dst - 1, skip_src])
+    dst = np.concatenate([chain_dst, skip_dst])
+    dst_slot = np.concatenate([np.zeros(chain_dst.size, np.int32), np.ones(skip_dst.size, np.int32)])
+    src_slot = (rng.random(src.size) < SECOND_OUTPUT_RATE).astype(np.int32)
+    order = np.lexsort((dst_slot, dst))  # grouped by model, sorted by (dst, dst_slot)
+    src, dst, src_slot, dst_slot = src[order], dst[order], src_slot[order], dst_slot[order]
+    edge_offsets = np.zeros(n_models + 1, dtype=np.int64)
+    np.cumsum(np.bincount(model_of[dst], minlength=n_models), out=edge_offsets[1:])
+    edge_base = node_offsets[:-1][model_of[dst]]
+    return {
+        "node_offsets": node_offsets,
+        "edge_offsets": edge_offsets,
+        "digests": np.ascontiguousarray(digests),
+        "src": (src - edge_base).astype(np.int32),
+        "dst": (dst - edge_base).astype(np.int32),
+        "src_slot": src_slot,
+        "dst_slot": dst_slot,
+    }
+
+
+def make_graphs(a: dict[str, np.ndarray]) -> list[dlbricks.Graph]:
+    """One ``Graph`` per model; its arrays are views into the flat arrays."""
+    no, eo = a["node_offsets"].tolist(), a["edge_offsets"].tolist()
+    return [
+        dlbricks.Graph(
+            a["digests"][no[i] : no[i + 1]],
+            a["src"][eo[i] : eo[i + 1]],
+            a["dst"][eo[i] : eo[i + 1]],
+            a["src_slot"][eo[i] : eo[i + 1]],
+            a["dst_slot"][eo[i] : eo[i + 1]],
+            name=f"m{i}",
+        )
+        for i in range(len(no) - 1)
+    ]
+
+
+# -- measurement helpers ---------------------------------------------------------------
+def pin_to_one_cpu() -> int:
+    cpu = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+def summary(values: list[float]) -> dict:
+    """pyperf-style figures of one series: median, MAD, min and the raw values."""
+    med = statistics.median(values)
+    out = {
+        "median": med,
+        "mad": statistics.median(abs(v - med) for v in values),
+        "min": min(values),
+        "values": values,
+    }
+    if len(values) > 1 and statistics.stdev(values) > 0.1 * statistics.mean(values):
+        print(f"warning: unstable timings (stdev > 10% of mean): {values}", file=sys.stderr)
+    return out
+
+
+def clocked(fn):  # noqa: ANN001, ANN201
+    """Runs fn once; returns (result, wall seconds, CPU seconds of this thread)."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    result = fn()
+    return result, time.perf_counter() - w0, time.thread_time() - c0
+
+
+def timed(fn, repeat: int, setup=lambda: None) -> tuple[dict, dict, object]:  # noqa: ANN001
+    """One discarded warmup, then ``repeat`` values of fn(setup()); setup is untimed."""
+    walls, cpus, result = [], [], None
+    for i in range(repeat + 1):
+        result, wall, cpu = clocked(functools.partial(fn, setup()))
+        if i:
+            walls.append(wall)
+            cpus.append(cpu)
+    return summary(cpus), summary(walls), result
+
+
+def as_lists(a: dict[str, np.ndarray]) -> dict:
+    raw = a["digests"].tobytes()
+    return {
+        "node_offsets": a["node_offsets"].tolist(),
+        "edge_offsets": a["edge_offsets"].tolist(),
+        "digests": [raw[16 * i : 16 * i + 16] for i in range(a["digests"].shape[0])],
+        "src": a["src"].tolist(),
+        "dst": a["dst"].tolist(),
+        "src_slot": a["src_slot"].tolist(),
+        "dst_slot": a["dst_slot"].tolist(),
+    }
+
+
+def run_python(lists: dict) -> dict:
+    return pycore.dedup_corpus(
+        lists["node_offsets"], lists["edge_offsets"], lists["digests"], lists["src"], lists["dst"],
+        lists["src_slot"], lists["dst_slot"], G,
+    )
+
+
+def same_result(core: dlbricks.CorpusSplit, py: dict) -> bool:
+    return (
+        [bytes(d) for d in core.unique_digests] == py["unique_seq_digests"]
+        and core.seq_ids.tolist() == py["seq_ids"]
+        and core.seq_members.tolist() == py["seq_members"]
+        and core.seq_offsets.tolist() == py["seq_offsets"]
+        and core.seq_model_offsets.tolist() == py["seq_model_offsets"]
+        and core.unique_first.tolist() == py["unique_seq_first"]
+    )
+
+
+# -- memory, in fresh subprocesses -----------------------------------------------------
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _release_free_heap() -> None:
+    """Hands free heap pages back to the OS (glibc), so the split cannot reuse memory
+    that is resident but free and so hide its own allocations from RSS."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def memory_child(folder: str, mode: str) -> None:
+    """Entry point of a memory subprocess; prints one JSON line.
+
+    Mode ``write:N`` generates a corpus of about N layers into .npy files. Modes
+    ``inputs`` and ``split`` read them (one allocation per array, no temporaries), so
+    the process peaks at the end of building its inputs and whatever the split adds
+    shows in ru_maxrss.
+    """
+    pin_to_one_cpu()
+    if mode.startswith("write:"):
+        arrays = make_corpus_arrays(int(mode.split(":")[1]))
+        for k in ARRAY_KEYS:
+            np.save(Path(folder) / f"{k}.npy", arrays[k])
+        print(json.dumps({"layers": int(arrays["node_offsets"][-1])}))
+        return
+    arrays = {k: np.load(Path(folder) / f"{k}.npy") for k in ARRAY_KEYS}
+    corpus = dlbricks.Corpus(make_graphs(arrays))
+    _release_free_heap()
+    out = {"layers": corpus.n_layers, "rss_after_inputs_kb": _status_kb("VmRSS")}
+    if mode == "split":
+        rss_before = _status_kb("VmRSS")
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
+            hwm_reset = True
+        except OSError:
+            hwm_reset = False
+        sp = corpus.split(G)
+        out["sequences"] = sp.n_sequences
+        if hwm_reset:
+            out["split_peak_delta_kb"] = _status_kb("VmHWM") - rss_before
+    out["ru_maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps(out))
+
+
+def measure_memory(n_layers: int) -> dict:
+    """Peak memory of the split at one size, from fresh subprocesses.
+
+    Call this while the parent is still small: Linux carries the parent's resident
+    size at fork/exec into the child's ru_maxrss.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+
+        def child(mode: str) -> dict:
+            cmd = [sys.executable, __file__, "--memory-child", folder, mode]
+            done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            return json.loads(done.stdout.splitlines()[-1])
+
+        child(f"write:{n_layers}")
+        base, split = child("inputs"), child("split")
+    n = split["layers"]
+    out = {
+        "layers": n,
+        "baseline_maxrss_bytes": base["ru_maxrss_kb"] * 1024,
+        "split_maxrss_bytes": split["ru_maxrss_kb"] * 1024,
+        "bytes_per_layer": (split["ru_maxrss_kb"] - base["ru_maxrss_kb"]) * 1024 / n,
+    }
+    if "split_peak_delta_kb" in split:
+        out["hwm_bytes_per_layer"] = split["split_peak_delta_kb"] * 1024 / n
+    return out
+
+
+# -- `dlbricks analyze` split into ONNX work and dlbricks' own work ------------------
+class _Timers:
+    """Wraps callables so their time adds up under a label, restoring them afterwards."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self._undo: list[tuple[object, str, object]] = []
+
+    def wrap(self, owner: object, attr: str, label: str) -> None:
+        original = getattr(owner, attr)
+        totals = self.totals
+        totals.setdefault(label, 0.0)
+
+        def timed_call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                totals[label] += time.perf_counter() - t0
+
+        self._undo.append((owner, attr, original))
+        setattr(owner, attr, timed_call)
+
+    def restore(self) -> None:
+        for owner, attr, original in reversed(self._undo):
+            setattr(owner, attr, original)
+        self._undo.clear()
+
+
+def analyze_split(repeat: int) -> dict:
+    """``dlbricks analyze`` over the nine light models of onnx's test data, timed in
+    process: total wall time, and within it onnx.load (parsing), onnx shape inference,
+    onnx's reference evaluator (constant folding) and the C++ core calls. The rest is
+    dlbricks' own Python work (folding, layer digests, flattening, report)."""
+    try:
+        import onnx
+        import onnx.reference
+        import onnx.shape_inference
+
+        from dlbricks import _core, cli, onnx_io  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure means "not available yet"
+        return {"skipped": f"dlbricks analyze is not importable: {type(exc).__name__}: {exc}"}
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    paths = sorted(str(p) for p in light.glob("light_*.onnx"))
+    if len(paths) != 9:
+        return {"skipped": f"expected the nine light models in {light}, found {len(paths)}"}
+
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeat + 1):  # the first run is a warmup (imports, caches)
+            timers = _Timers()
+            timers.wrap(onnx, "load", "onnx_parse_s")
+            timers.wrap(onnx.shape_inference, "infer_shapes", "shape_inference_s")
+            timers.wrap(onnx.reference.ReferenceEvaluator, "run", "onnx_constant_eval_s")
+            timers.wrap(_core, "dedup_corpus", "core_s")
+            timers.wrap(_core, "jaccard_matrix", "core_s")
+            sink = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                    t0 = time.perf_counter()
+                    rc = cli.main(["analyze", *paths, "--json", "-o", os.path.join(tmp, "a.json")])
+                    wall = time.perf_counter() - t0
+            except Exception as exc:  # noqa: BLE001
+                return {"skipped": f"dlbricks analyze failed: {type(exc).__name__}: {exc}"}
+            finally:
+                timers.restore()
+            if rc != 0:
+                return {"skipped": f"dlbricks analyze exited with {rc}: {sink.getvalue()[-300:]}"}
+            if i > 0:
+                runs.append({"total_s": wall, **timers.totals})
+        result = json.loads(Path(tmp, "a.json").read_text())
+    keys = list(runs[0])
+    med = {k: statistics.median(r[k] for r in runs) for k in keys}
+    onnx_s = med["onnx_parse_s"] + med["shape_inference_s"]
+    return {
+        "models": len(paths),
+        "layers": sum(m["layers"] for m in result["models"]),
+        "repeat": repeat,
+        "median": med,
+        "onnx_parse_and_shape_inference_s": onnx_s,
+        "dlbricks_own_s": med["total_s"] - onnx_s - med["onnx_constant_eval_s"],
+        "dlbricks_core_share_of_total": med["core_s"] / med["total_s"],
+        "runs": runs,
+    }
+
+
+# -- main --------------------------------------------------------------------------------
+def bench_size(n_target: int, repeat: int, python_estimate_s: float | None, memory: dict) -> dict:
+    arrays, generate_wall, _ = clocked(lambda: make_corpus_arrays(n_target))
+    graphs = make_graphs(arrays)
+    n = int(arrays["node_offsets"][-1])
+
+    build_cpu, build_wall, corpus = timed(lambda _: dlbricks.Corpus(graphs), repeat)
+    # Corpus.split caches per G, so each value splits a fresh Corpus (built untimed).
+    split_cpu, split_wall, core_split = timed(lambda c: c.split(G), repeat, setup=lambda: dlbricks.Corpus(graphs))
+
+    row = {
+        "layers": n,
+        "models": len(graphs),
+        "edges": int(arrays["edge_offsets"][-1]),
+        "sequences": core_split.n_sequences,
+        "unique_sequences": core_split.n_unique,
+        "unique_layers": corpus.n_unique_layers,
+        "generate_wall_s": generate_wall,
+        "corpus_build_cpu_s": build_cpu,
+        "corpus_build_wall_s": build_wall,
+        "core_split_cpu_s": split_cpu,
+        "core_split_wall_s": split_wall,
+        "layers_per_s": n / split_cpu["median"],
+        "layers_per_s_wall": n / split_wall["median"],
+        "layers_per_s_with_build": n / (split_cpu["median"] + build_cpu["median"]),
+        "core_ns_per_layer": split_cpu["median"] / n * 1e9,
+    }
+
+    if python_estimate_s is None or python_estimate_s <= PYTHON_LIMIT_S:
+        lists, _, row["python_convert_cpu_s"] = clocked(lambda: as_lists(arrays))
+        py, row["python_wall_s"], row["python_cpu_s"] = clocked(lambda: run_python(lists))
+        row["python_measured"] = True
+        row["identical_digests"] = same_result(core_split, py)
+        del py, lists
+    else:
+        row["python_cpu_s"] = python_estimate_s
+        row["python_measured"] = False
+        row["identical_digests"] = None
+    row["speedup_vs_python"] = row["python_cpu_s"] / split_cpu["median"]
+    row["memory"] = memory
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--analyze-repeat", type=int, default=3, help="timed runs of dlbricks analyze")
+    parser.add_argument("-o", "--output", help="also write the JSON object here")
+    parser.add_argument("--memory-child", nargs=2, metavar=("FOLDER", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        memory_child(args.memory_child[0], args.memory_child[1])
+        return 0
+
+    cpu = pin_to_one_cpu()
+    load_at_start = os.getloadavg()[0]
+    sizes = sorted(int(float(s)) for s in args.sizes.split(","))
+    memory = [measure_memory(n) for n in sizes]  # first, while this process is small
+    rows = []
+    python_us_per_layer = None
+    for n, mem in zip(sizes, memory):
+        estimate = None if python_us_per_layer is None else python_us_per_layer * n * 1e-6
+        row = bench_size(n, args.repeat, estimate, mem)
+        if row["python_measured"]:
+            python_us_per_layer = row["python_cpu_s"] / row["layers"] * 1e6
+        else:
+            row["python_note"] = (
+                f"extrapolated from {python_us_per_layer:.2f} us/layer measured at the previous size: "
+                f"the estimate exceeds {PYTHON_LIMIT_S:.0f} s"
+            )
+        rows.append(row)
+        print(
+            f"{row['layers']:>9} layers: core split {row['core_split_cpu_s']['median'] * 1e3:8.2f} ms CPU "
+            f"({row['layers_per_s'] / 1e6:.2f} M layers/s; wall {row['core_split_wall_s']['median'] * 1e3:.2f} ms), "
+            f"build {row['corpus_build_cpu_s']['median'] * 1e3:.1f} ms, "
+            f"python {row['python_cpu_s']:.2f} s{'' if row['python_measured'] else ' (est.)'}, "
+            f"speedup {row['speedup_vs_python']:.0f}x, identical={row['identical_digests']}, "
+            f"{row['memory']['bytes_per_layer']:.1f} B/layer",
+            file=sys.stderr,
+        )
+    largest = rows[-1]
+    analyze = analyze_split(args.analyze_repeat)
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "context": {
+            "dlbricks": dlbricks.__version__,
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "pinned_cpu": cpu,
+            "threads": 1,
+            "G": G,
+            "repeat": args.repeat,
+            "timed": (
+                "core_split_* = Corpus(graphs).split(3) only; Corpus construction is corpus_build_*; "
+                "layers_per_s and speedups use CPU time of the calling thread (time.thread_time), "
+                "*_wall_s the wall clock"
+            ),
+            "load_avg_1min": {"start": load_at_start, "end": os.getloadavg()[0]},
+        },
+        "layers_per_s": largest["layers_per_s"],
+        "speedup_vs_python": largest["speedup_vs_python"],
+        "speedup_measured": largest["python_measured"],
+        "bytes_per_layer": largest["memory"]["bytes_per_layer"],
+        "identical_digests": all(r["identical_digests"] is not False for r in rows),
+        "core_ns_per_layer_by_size": {str(r["layers"]): r["core_ns_per_layer"] for r in rows},
+        "targets": {"layers_per_s": 5e6, "speedup_vs_python": 30, "bytes_per_layer": 256},
+        "sizes": rows,
+        "analyze_split": None if "skipped" in analyze else analyze,
+    }
+    if "skipped" in analyze:
+        result["analyze_split_reason"] = analyze["skipped"]
+    line = json.dumps(result)
+    if args.output:
+        Path(args.output).write_text(line + "\n")
+    print(line)
+    return 0 if result["identical_digests"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+# Stubs for the C++ extension (cpp/bindings/module.cpp); keep in step with it.
+# Array arguments accept anything numpy can convert (forcecast to the given dtype,
+# C-contiguous); results are freshly allocated numpy arrays.
+
+from typing import Annotated, SupportsIndex, SupportsInt, TypedDict, overload
+
+import numpy as np
+import numpy.typing as npt
+
+_Int32Array = Annotated[npt.ArrayLike, np.int32]
+_Int64Array = Annotated[npt.ArrayLike, np.int64]
+_UInt8Array = Annotated[npt.ArrayLike, np.uint8]
+_Float64Array = Annotated[npt.ArrayLike, np.float64]
+_Int = SupportsInt | SupportsIndex
+
+SEQUENCE_DIGEST_VERSION: int
+
+class _DedupResult(TypedDict):
+    layer_ids: npt.NDArray[np.int32]
+    unique_layer_first: npt.NDArray[np.int64]
+    seq_model_offsets: npt.NDArray[np.int64]
+    seq_offsets: npt.NDArray[np.int64]
+    seq_members: npt.NDArray[np.int32]
+    seq_ids: npt.NDArray[np.int32]
+    unique_seq_digests: npt.NDArray[np.uint8]
+    unique_seq_first: npt.NDArray[np.int64]
+
+def digest128(data: bytes) -> bytes:
+    """BLAKE2b with a 16-byte digest (equals hashlib.blake2b(data, digest_size=16))."""
+
+def topo_order(n_nodes: _Int, edge_src: _Int32Array, edge_dst: _Int32Array) -> npt.NDArray[np.int32]: ...
+
+# G follows the optional slot arrays without a default: pass it by position after
+# both slots, or by keyword.
+@overload
+def split_sequences(
+    digests: _UInt8Array,
+    edge_src: _Int32Array,
+    edge_dst: _Int32Array,
+    edge_src_slot: _Int32Array | None,
+    edge_dst_slot: _Int32Array | None,
+    G: _Int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.uint8]]: ...
+@overload
+def split_sequences(
+    digests: _UInt8Array,
+    edge_src: _Int32Array,
+    edge_dst: _Int32Array,
+    edge_src_slot: _Int32Array | None = None,
+    edge_dst_slot: _Int32Array | None = None,
+    *,
+    G: _Int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.uint8]]: ...
+def critical_path(
+    weights: _Float64Array, edge_src: _Int32Array, edge_dst: _Int32Array
+) -> tuple[float, npt.NDArray[np.int32]]: ...
+@overload
+def dedup_corpus(
+    node_offsets: _Int64Array,
+    edge_offsets: _Int64Array,
+    digests: _UInt8Array,
+    edge_src: _Int32Array,
+    edge_dst: _Int32Array,
+    edge_src_slot: _Int32Array | None,
+    edge_dst_slot: _Int32Array | None,
+    G: _Int,
+) -> _DedupResult: ...
+@overload
+def dedup_corpus(
+    node_offsets: _Int64Array,
+    edge_offsets: _Int64Array,
+    digests: _UInt8Array,
+    edge_src: _Int32Array,
+    edge_dst: _Int32Array,
+    edge_src_slot: _Int32Array | None = None,
+    edge_dst_slot: _Int32Array | None = None,
+    *,
+    G: _Int,
+) -> _DedupResult: ...
+def jaccard_matrix(node_offsets: _Int64Array, layer_ids: _Int32Array) -> npt.NDArray[np.float64]: ...

@@ -1,0 +1,149 @@
+"""``dlbricks roofline``: layers and models against their roofline lower bounds, with
+headroom ranking and what-if scenarios (see :mod:`dlbricks.roofline`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from dlbricks.commands._common import (
+    add_model_args,
+    add_runner_args,
+    add_store_arg,
+    load_models,
+    parse_g_list,
+    positive_int,
+    runner_config,
+    warn,
+)
+from dlbricks.model import DlbricksError, UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "roofline",
+        help="roofline lower bounds, efficiency, headroom and what-if scenarios",
+        description=(
+            "Per layer: roofline bound max(FLOPs/peak, bytes/bandwidth), arithmetic intensity, "
+            "measured time (its G=1 brick's median) and efficiency = bound/measured. Per model: ideal "
+            "latency (sequential and critical path) against measured. Peaks are measured once per "
+            "system and thread count and cached in a 'peaks' folder next to the store."
+        ),
+    )
+    add_model_args(p)
+    add_store_arg(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("-o", "--plot", metavar="PNG", help="draw the roofline plot to this PNG file")
+    p.add_argument("--no-plot", action="store_true", help="do not embed the plot in --json output")
+    p.add_argument("--no-measure", action="store_true", help="never benchmark bricks or models: use only what the store has (peaks are "
+                        "still measured once when none are cached)")
+    p.add_argument("--e2e", action="store_true", help="also time whole models end to end when the store lacks them")
+    p.add_argument("--batch", type=positive_int, metavar="N",
+                   help="what-if: inputs' leading dim set to N (bricks regenerated and measured at N)")
+    p.add_argument("-G", dest="gs", metavar="LIST", help="also rank unique bricks at these granularities, e.g. 2,3")
+    p.add_argument("--top", type=positive_int, default=15, metavar="N", help="headroom entries shown (default 15)")
+    p.add_argument("--noise", type=float, default=0.05, metavar="F",
+                   help="relative noise before a layer beating its bound is flagged (default 0.05)")
+    p.add_argument("--peaks", metavar="JSON", help="use these peaks (a Peaks JSON) instead of the cached ones")
+    p.add_argument("--quick-peaks", action="store_true", help="a quick peaks measurement when none is cached")
+    add_runner_args(p)
+    p.set_defaults(func=run)
+
+
+def _load_peaks(path: str):  # type: ignore[no-untyped-def]
+    from dlbricks.peaks import Peaks
+
+    try:
+        return Peaks.from_dict(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise UsageError(f"--peaks {path}: no such file") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DlbricksError(f"--peaks {path}: not a peaks file: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import onnxruntime
+
+    from dlbricks import __version__
+    from dlbricks import roofline as rl
+    from dlbricks.pipeline import bench
+    from dlbricks.store import Store, default_store_path
+    from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+
+    if not args.noise >= 0:
+        raise UsageError(f"--noise must be >= 0, got {args.noise}")
+    gs = [g for g in parse_g_list(args.gs) if g > 1] if args.gs else []
+    config = runner_config(args)
+    models = load_models(args)
+    if not models:
+        raise DlbricksError("no model could be loaded")
+    rl.check_models(models)
+    store_path = Path(args.store) if args.store else default_store_path()
+    system_id = fingerprint_id(system_fingerprint())
+    config_key = config.key()
+    progress = sys.stderr.isatty()
+
+    store: Store | None
+    if args.no_measure and not store_path.exists():
+        warn(f"no store at {store_path}: bounds only, nothing measured")
+        store = None
+    else:
+        store = Store(store_path, readonly=args.no_measure)
+    try:
+        if args.peaks:
+            peaks = _load_peaks(args.peaks)
+            peaks_source = str(args.peaks)
+        else:
+            try:
+                peaks = rl.peaks_for_store(store_path, config, quick=args.quick_peaks, system_id=system_id)
+            except ValueError as exc:
+                raise UsageError(f"peaks: {exc}") from None
+            except OSError as exc:
+                raise DlbricksError(f"peaks cache {rl.peaks_dir(store_path)}: {exc}") from None
+            peaks_source = str(rl.peaks_dir(store_path))
+        if store is not None and not args.no_measure:
+            summary = bench(models, sorted({1, *gs}), store=store, config=config, e2e=args.e2e,
+                            seed=args.seed, progress=progress)
+            for f in summary.failures:
+                warn(f"{f['kind']} {f['digest'][:12]} failed: {f['error']}")
+        try:
+            analysis = rl.analyze(models, peaks, store=store, system_id=system_id, config_key=config_key,
+                                  noise=args.noise)
+        except ValueError as exc:
+            raise DlbricksError(str(exc)) from None
+        if args.batch is not None:
+            rl.batch_what_if(models, args.batch, analysis, store=store, system_id=system_id,
+                             config_key=config_key, config=config, measure=not args.no_measure,
+                             seed=args.seed, progress=progress)
+        headroom = rl.layer_headroom(analysis, top=args.top)
+        bricks = {}
+        if store is not None:
+            bricks = {g: rl.brick_headroom(models, analysis, g, store=store, system_id=system_id,
+                                           config_key=config_key, top=args.top) for g in gs}
+    finally:
+        if store is not None:
+            store.close()
+
+    png = None
+    if args.plot or (args.json and not args.no_plot):
+        png = rl.plot_roofline(analysis, args.plot)
+        if args.plot:
+            print(f"wrote {args.plot}", file=sys.stderr)
+    missing = sum(m.layers_missing for m in analysis.models)
+    if missing:
+        warn(f"{missing} layer(s) have no measurement" + (" (--no-measure)" if args.no_measure else ""))
+    if args.json:
+        context = {
+            "dlbricks": __version__, "onnxruntime": onnxruntime.__version__, "cpu_count": os.cpu_count(),
+            "threads": config.intra_op_threads, "system_id": system_id, "config_key": config_key,
+            "config": config.to_dict(), "store": str(store_path), "peaks_source": peaks_source,
+        }
+        obj = rl.to_dict(analysis, headroom=headroom, brick_headroom_by_g=bricks,
+                         png=None if args.no_plot else png, context=context)
+        sys.stdout.write(json.dumps(obj, indent=1) + "\n")
+    else:
+        sys.stdout.write(rl.format_text(analysis, headroom, bricks))
+    return 0

@@ -93,7 +93,13 @@ def run(args: argparse.Namespace) -> int:
         )
         result["runtime_graph"] = bool(args.runtime_graph)
         (work / "evaluation.json").write_text(json.dumps(result, indent=1))
-        html = build_report(analysis, result, store=store, fingerprint=system_fingerprint(), models=bricks_models)
+        roofline = None
+        if not args.runtime_graph:  # the cost model has formulas for source-graph ops
+            step("roofline: measuring machine peaks, then bounds and what-ifs from the G=1 bricks")
+            roofline = _roofline(models, store, store_path, config)
+            (work / "roofline.json").write_text(json.dumps(roofline, indent=1))
+        html = build_report(analysis, result, store=store, fingerprint=system_fingerprint(), models=bricks_models,
+                            roofline=roofline)
     report = work / "report.html"
     report.write_text(html)
     step("done")
@@ -103,3 +109,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(render_evaluation(result))
         sys.stdout.write(f"\nreport: {report}\nwork folder: {work}  ({time.perf_counter() - t0:.0f} s)\n")
     return 0
+
+
+def _roofline(models: list, store: "Store", store_path: Path, config: "RunnerConfig") -> dict:
+    """Benanza-style bounds for the corpus from the G=1 results just measured."""
+    from dlbricks import roofline as rl
+    from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+
+    system_id = fingerprint_id(system_fingerprint())
+    peaks = rl.peaks_for_store(store_path, config, system_id=system_id)
+    analysis = rl.analyze(models, peaks, store=store, system_id=system_id, config_key=config.key())
+    return rl.to_dict(analysis, headroom=rl.layer_headroom(analysis, top=15), png=rl.plot_roofline(analysis),
+                      context={"system_id": system_id, "config_key": config.key()}, per_layer=False)

@@ -108,7 +108,9 @@ def render_analysis(result: dict, errors: Sequence[dict[str, str]] = ()) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(record=True, width=160, file=open(__import__("os").devnull, "w"))
+    import io
+
+    console = Console(record=True, width=160, file=io.StringIO())
     Gs = result["G"]
     t = Table(title="Models", title_justify="left")
     t.add_column("model")

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dlbricks.digest import constant_role
 from dlbricks.model import DlbricksError, Layer, Model, TensorType
 
 WeightsMode = Literal["synthetic", "source"]
@@ -174,6 +175,7 @@ def generate_brick(
     int_bounds: dict[str, int] = {}
     weight_bytes = 0
     sink = _WeightSink(Path(weights_file)) if weights_file is not None else None
+    activation_types: dict[str, TensorType] | None = None  # built only if a layer has hidden inputs
 
     for layer in layers:
         for slot, name in enumerate(layer.inputs):
@@ -207,11 +209,53 @@ def generate_brick(
             bound = _int_bound(layer, slot)
             if bound is not None and np.issubdtype(ttype.dtype, np.integer):
                 int_bounds[name] = bound
+        # If/Loop/Scan bodies may read tensors of the enclosing graph that are not node
+        # inputs ("hidden inputs"). Without them the brick is not a valid model, so they
+        # enter it like node inputs do: constants by value (params) or synthesised
+        # (weights), activations as typed graph inputs.
+        for name in _hidden_inputs(layer):
+            if name in produced_inside or name in seen_inputs or name in seen_constants:
+                continue
+            ctype = model.constant_types.get(name)
+            if ctype is not None:
+                seen_constants.add(name)
+                if constant_role(ctype) == "param" or weights == "source":
+                    value = np.asarray(model.constant_value(name))
+                else:
+                    value = synthesize(ctype, rng)
+                    weight_bytes += value.nbytes
+                if sink is not None and constant_role(ctype) == "weight" and value.nbytes >= 1024:
+                    initializers.append(sink.add(name, value))
+                else:
+                    initializers.append(numpy_helper.from_array(value, name))
+                continue
+            if activation_types is None:
+                activation_types = _activation_types(model)
+            ttype = activation_types.get(name)
+            if ttype is None:
+                raise DlbricksError(
+                    f"{model.name}: tensor {name!r} read inside a subgraph of layer {layer.name!r} has no known type"
+                )
+            seen_inputs.add(name)
+            graph_inputs.append(_value_info(name, ttype))
 
+    # A value leaves the window when a layer outside reads it or it is a model output;
+    # a value nobody reads stays an output too (the source computes it as well). The
+    # sequence digest does not record which values leave, so two windows with one
+    # digest may differ here; exposing a value the brick computes anyway costs no kernel.
+    window = {layer.index for layer in layers}
+    model_outputs = {name for name, _ in model.outputs}
+    read_outside = {
+        name
+        for other in model.layers
+        if other.index not in window
+        for slot in other.activation_slots()
+        if (name := other.inputs[slot]) in produced_inside
+    }
     graph_outputs: list[onnx.ValueInfoProto] = []
     for layer in layers:
         for slot, name in enumerate(layer.outputs):
-            if name and name not in consumed_inside:
+            if name and (name not in consumed_inside or name in read_outside or name in model_outputs):
                 ttype = layer.output_types[slot]
                 if ttype is None:
                     continue
@@ -246,6 +290,29 @@ def generate_brick(
         source_layers=[layer.name for layer in layers],
     )
     return proto, info
+
+
+def _hidden_inputs(layer: Layer) -> list[str]:
+    """Names the layer's subgraphs read from the enclosing graph, in order of first use."""
+    from dlbricks.onnx_io import _free_names, _subgraphs
+
+    names: dict[str, None] = {}
+    for a in layer.node.attribute:
+        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) or a.HasField("g") or a.graphs:
+            for sub in _subgraphs(a):
+                for name in _free_names(sub):
+                    names[name] = None
+    return list(names)
+
+
+def _activation_types(model: Model) -> dict[str, TensorType]:
+    """Type of every activation of ``model``: graph inputs and layer outputs."""
+    out = dict(model.inputs)
+    for layer in model.layers:
+        for name, ttype in zip(layer.outputs, layer.output_types):
+            if name and ttype is not None:
+                out[name] = ttype
+    return out
 
 
 class _WeightSink:

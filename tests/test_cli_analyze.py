@@ -1,0 +1,241 @@
+"""``dlbricks analyze`` through the CLI entry point: JSON schema, dedup figures on the
+light models, and one-line diagnostics with the right exit code for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from dlbricks.bricks import model_digest
+from dlbricks.cli import main
+from dlbricks.onnx_io import load
+
+from conftest import light
+
+
+def analyze(capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``dlbricks analyze ARGS`` in-process: (exit code, stdout, stderr)."""
+    code = main(["analyze", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def analyze_json(capsys, *args: str) -> tuple[dict, str]:
+    code, out, err = analyze(capsys, "--json", *args)
+    assert code == 0, err
+    return json.loads(out), err
+
+
+def _model(nodes, inputs, outputs, inits=(), name="m") -> onnx.ModelProto:
+    graph = h.make_graph(nodes, name, inputs, outputs, initializer=list(inits))
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+
+
+def _vi(name, shape, elem=T.FLOAT):
+    return h.make_tensor_value_info(name, elem, shape)
+
+
+def _conv_net(seed: int, in_shape=(1, 3, 16, 16)) -> onnx.ModelProto:
+    """Conv-Relu twice, a Gemm head; random weights drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+
+    def w(name, *shape):
+        return nh.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    hw = in_shape[2] * in_shape[3] if all(isinstance(d, int) for d in in_shape[2:]) else 256
+    nodes = [
+        h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c2"], ["r2"]),
+        h.make_node("Flatten", ["r2"], ["f"]),
+        h.make_node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1),
+    ]
+    inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("fc", 10, 8 * hw), w("fcb", 10)]
+    return _model(nodes, [_vi("x", list(in_shape))], [_vi("y", None)], inits, name="convnet")
+
+
+# -- the light models ----------------------------------------------------------------------
+
+
+def test_json_has_per_model_and_corpus_layer_counts_for_the_nine_light_models(capsys, light_dir):
+    result, err = analyze_json(capsys, light_dir, "-G", "1,3")
+    assert err == ""
+    assert result["G"] == [1, 3] and result["errors"] == []
+    models = {m["name"]: m for m in result["models"]}
+    assert sorted(models) == sorted(p.stem for p in light_dir.glob("light_*.onnx"))
+    assert len(models) == 9
+    for m in models.values():
+        assert 0 < m["unique_layers"] <= m["layers"]
+        assert m["sequences"]["1"]["sequences"] == m["layers"]
+        assert m["sequences"]["3"]["sequences"] < m["layers"]
+    assert models["light_resnet50"]["layers"] == load(light("resnet50")).n_layers
+    corpus = result["corpus"]
+    assert corpus["models"] == 9
+    assert corpus["layers"] == sum(m["layers"] for m in models.values())
+    # Layers shared between models are counted once in the corpus.
+    assert max(m["unique_layers"] for m in models.values()) <= corpus["unique_layers"]
+    assert corpus["unique_layers"] < sum(m["unique_layers"] for m in models.values())
+    jac = np.array(corpus["jaccard"]["matrix"])
+    assert jac.shape == (9, 9) and np.allclose(np.diag(jac), 1.0) and np.allclose(jac, jac.T)
+
+
+def test_resnet50_repeats_most_of_its_layers(capsys):
+    result, _ = analyze_json(capsys, light("resnet50"))
+    (m,) = result["models"]
+    assert m["unique_layer_pct"] == pytest.approx(100 * m["unique_layers"] / m["layers"])
+    assert m["unique_layer_pct"] < 40
+    assert m["repeated_layer_types"]["Conv"] > 20
+
+
+def test_text_output_names_every_model_and_can_go_to_a_file(capsys, tmp_path, light_dir):
+    code, out, err = analyze(capsys, light("squeezenet"), light("vgg19"))
+    assert code == 0, err
+    assert "light_squeezenet" in out and "light_vgg19" in out and "Jaccard" in out
+    target = tmp_path / "sub" / "a.json"
+    code, out, err = analyze(capsys, "--json", "-o", target, light("squeezenet"))
+    assert code == 0 and out == "" and str(target) in err
+    assert json.loads(target.read_text())["models"][0]["name"] == "light_squeezenet"
+
+
+def test_copies_with_different_weights_share_every_layer(capsys, tmp_path):
+    for name, seed in (("a", 1), ("b", 2)):
+        onnx.save(_conv_net(seed), tmp_path / f"{name}.onnx")
+    onnx.save(_conv_net(3, in_shape=(1, 3, 8, 8)), tmp_path / "small.onnx")  # same ops, other shapes
+    assert (tmp_path / "a.onnx").read_bytes() != (tmp_path / "b.onnx").read_bytes()
+    result, _ = analyze_json(capsys, tmp_path)
+    names = result["corpus"]["jaccard"]["names"]
+    jac = dict(zip(names, result["corpus"]["jaccard"]["matrix"]))
+    assert names == ["a", "b", "small"]
+    assert jac["a"][1] == 1.0 and jac["b"][0] == 1.0
+    assert jac["a"][2] < 1.0  # other shapes: the Conv and Gemm layers differ
+    models = {m["name"]: m for m in result["models"]}
+    for G in ("1", "2", "3"):
+        assert models["a"]["sequences"][G] == models["b"]["sequences"][G]
+    assert load(tmp_path / "a.onnx").digests.tobytes() == load(tmp_path / "b.onnx").digests.tobytes()
+    assert model_digest(load(tmp_path / "a.onnx")) == model_digest(load(tmp_path / "b.onnx"))
+    assert model_digest(load(tmp_path / "a.onnx")) != model_digest(load(tmp_path / "small.onnx"))
+
+
+def test_input_shape_resolves_symbolic_dims(capsys, tmp_path):
+    path = tmp_path / "sym.onnx"
+    onnx.save(_conv_net(0, in_shape=("N", 3, "H", "W")), path)
+    code, _, err = analyze(capsys, path)
+    assert code == 1 and str(path) in err and "'H'" in err and len(err.splitlines()) == 1
+    result, err = analyze_json(capsys, path, "--input-shape", "x=2x3x16x16")
+    assert err == ""  # nothing assumed: no warning about the batch dim
+    assert result["models"][0]["layers"] == 6
+    code, _, err = analyze(capsys, path, "--input-shape", "x=2x3xHx16")
+    assert code == 2 and "--input-shape" in err and len(err.splitlines()) == 1
+
+
+def test_a_symbolic_batch_dim_is_set_to_one_with_a_warning(capsys, tmp_path):
+    path = tmp_path / "batch.onnx"
+    onnx.save(_conv_net(0, in_shape=("N", 3, 16, 16)), path)
+    result, err = analyze_json(capsys, path)
+    assert result["models"][0]["layers"] == 6
+    assert err.startswith("dlbricks: warning: ") and "'N'" in err and len(err.splitlines()) == 1
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+def _bad_models() -> dict[str, tuple[onnx.ModelProto | bytes, str]]:
+    """File stem -> (content, a word of the cause its message must give)."""
+    x = [_vi("x", [2])]
+    cyclic = [
+        h.make_node("Relu", ["x"], ["a"], name="entry"),
+        h.make_node("Add", ["a", "c"], ["b"], name="add"),
+        h.make_node("Relu", ["b"], ["c"], name="back"),
+        h.make_node("Relu", ["c"], ["y"], name="after"),
+    ]
+    resnet = light("resnet50").read_bytes()
+    return {
+        "notonnx": (b"this is not an onnx model\n" * 10, "not an ONNX model"),
+        "truncated": (resnet[: len(resnet) // 2], "not an ONNX model"),
+        "cyclic": (_model(cyclic, x, [_vi("y", None)]), "cycle"),
+        "undefined": (_model([h.make_node("Add", ["x", "ghost"], ["y"])], x, [_vi("y", None)]), "'ghost'"),
+        "unknownop": (_model([h.make_node("Frobnicate", ["x"], ["y"])], x, [_vi("y", None)]), "unknown op"),
+        "symbolic": (_model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, "S"])], [_vi("y", None)]), "'S'"),
+        "absurd": (_model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", [2**21, 2**20])], [_vi("y", None)]), "2**40"),
+    }
+
+
+def _write(path: Path, content: onnx.ModelProto | bytes) -> Path:
+    path.write_bytes(content if isinstance(content, bytes) else content.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("stem", sorted(_bad_models()))
+def test_a_bad_model_is_one_line_naming_the_file_and_the_cause_and_exit_1(capsys, tmp_path, stem):
+    content, cause = _bad_models()[stem]
+    path = _write(tmp_path / f"{stem}.onnx", content)
+    code, out, err = analyze(capsys, "--json", path)
+    assert code == 1 and out == ""
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("dlbricks analyze: error: ")
+    assert str(path) in err and cause in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, cause",
+    [
+        (["-G", "0"], "at least 1"),
+        (["-G", "-3"], "at least 1"),
+        (["-G", "two"], "integers"),
+        (["-G", "1,x"], "integers"),
+    ],
+)
+def test_a_bad_granularity_is_a_usage_error(capsys, args, cause):
+    code, out, err = analyze(capsys, *args, light("squeezenet"))
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and "-G" in err and cause in err
+
+
+def test_an_empty_folder_and_a_missing_path_are_usage_errors(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no models here")
+    for path, cause in ((tmp_path / "empty", "no .onnx files"), (tmp_path / "absent.onnx", "no such file")):
+        code, out, err = analyze(capsys, path)
+        assert code == 2 and out == ""
+        assert len(err.splitlines()) == 1
+        assert err.startswith(f"dlbricks analyze: error: {path}: {cause}")
+
+
+def test_a_bad_model_in_a_corpus_is_reported_and_skipped_unless_strict(capsys, tmp_path):
+    shutil.copy(light("squeezenet"), tmp_path / "squeezenet.onnx")
+    onnx.save(_conv_net(0), tmp_path / "convnet.onnx")
+    bad = _write(tmp_path / "broken.onnx", _bad_models()["cyclic"][0])
+    result, err = analyze_json(capsys, tmp_path)
+    assert sorted(m["name"] for m in result["models"]) == ["convnet", "squeezenet"]
+    assert [e["path"] for e in result["errors"]] == [str(bad)]
+    assert "cycle" in result["errors"][0]["error"]
+    (line,) = err.splitlines()
+    assert line.startswith("dlbricks: warning: skipped ") and str(bad) in line and "cycle" in line
+    code, out, err = analyze(capsys, "--json", "--strict", tmp_path)
+    assert code == 1 and out == ""
+    assert len(err.splitlines()) == 1 and str(bad) in err
+
+
+def test_python_dash_m_dlbricks_analyze_prints_json_and_exits_0():
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlbricks", "analyze", "--json", "-G", "2", str(light("squeezenet"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["G"] == [2] and result["models"][0]["name"] == "light_squeezenet"
+    assert result["corpus"]["sequences"]["2"]["unique_sequences"] <= result["corpus"]["sequences"]["2"]["sequences"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import mmap
 import os
 import sys
 import threading
@@ -129,13 +130,18 @@ def test_task_clock_and_page_faults_count_real_work():
     with CounterSet(["task-clock", "page-faults"], threads="self") as cs:
         before = cs.snapshot()
         t0 = time.perf_counter_ns()
-        buf = np.empty(16 << 20, dtype=np.uint8)
+        # A fresh anonymous mapping: every first write to a page faults (a numpy buffer
+        # could reuse memory the allocator already mapped, and fault nowhere).
+        region = mmap.mmap(-1, 16 << 20)
+        buf = np.frombuffer(region, dtype=np.uint8)
         buf[::4096] = 1  # touch every page of 16 MiB
         x = 0
         while time.perf_counter_ns() - t0 < 20_000_000:  # 20 ms of CPU work
             x += 1
         wall = time.perf_counter_ns() - t0
         after = cs.snapshot()
+    del buf
+    region.close()
     d = CounterSet.delta(before, after)
     assert 0 < d["task-clock"] <= wall * 1.2 + 1e6
     assert d["task-clock"] >= 2_000_000  # busy for 20 ms: even a loaded machine gives us some of it

@@ -198,33 +198,6 @@ class ProfileOptions:
 # --------------------------------------------------------------------------- sessions
 
 
-def _session_options(cfg: RunnerConfig) -> Any:
-    """SessionOptions exactly as :func:`dlbricks.timing.create_session` sets them."""
-    import onnxruntime as ort
-
-    from dlbricks.timing import _affinity_string
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = cfg.intra_op_threads
-    so.inter_op_num_threads = cfg.inter_op_threads
-    so.execution_mode = (
-        ort.ExecutionMode.ORT_PARALLEL if cfg.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
-    )
-    if cfg.graph_optimization != "default":
-        so.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[cfg.graph_optimization]
-    so.log_severity_level = 3
-    if cfg.denormals_as_zero:
-        so.add_session_config_entry("session.set_denormal_as_zero", "1")
-    if cfg.cores is not None and cfg.intra_op_threads > 1:
-        so.add_session_config_entry("session.intra_op_thread_affinities", _affinity_string(cfg.cores, cfg.intra_op_threads))
-    return so
-
-
 def _create_session(
     model_bytes: bytes,
     cfg: RunnerConfig,
@@ -240,7 +213,9 @@ def _create_session(
     """
     import onnxruntime as ort
 
-    so = _session_options(cfg)
+    from dlbricks.timing import session_options
+
+    so = session_options(cfg)
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix

@@ -730,25 +730,12 @@ def _model_label(model: Any) -> str:
     return f"<model {graph.name}>" if graph is not None and graph.name else "<model>"
 
 
-def create_session(model: Any, config: RunnerConfig | None = None) -> onnxruntime.InferenceSession:
-    """Create a CPU ``InferenceSession`` with the options of ``config``.
-
-    Pinning of the calling thread is the caller's business (see :meth:`Runner.time`);
-    this only adds the pool-thread affinities.
-
-    Args:
-        model: a path, serialized bytes or an ``onnx.ModelProto``.
-        config: the runner configuration (defaults to ``RunnerConfig()``).
-
-    Returns:
-        The session.
-
-    Raises:
-        DlbricksError: onnxruntime rejects the model or the options.
-    """
+def session_options(cfg: RunnerConfig) -> onnxruntime.SessionOptions:
+    """onnxruntime ``SessionOptions`` for a runner configuration (threads, execution
+    mode, optimisation level, denormals, pool-thread affinities). Every session that
+    dlbricks times is created with these, so the profiler's sessions match the runner's."""
     import onnxruntime as ort
 
-    cfg = config or RunnerConfig()
     so = ort.SessionOptions()
     so.intra_op_num_threads = cfg.intra_op_threads
     so.inter_op_num_threads = cfg.inter_op_threads
@@ -767,6 +754,28 @@ def create_session(model: Any, config: RunnerConfig | None = None) -> onnxruntim
         so.add_session_config_entry("session.set_denormal_as_zero", "1")
     if cfg.cores is not None and cfg.intra_op_threads > 1:
         so.add_session_config_entry("session.intra_op_thread_affinities", _affinity_string(cfg.cores, cfg.intra_op_threads))
+    return so
+
+
+def create_session(model: Any, config: RunnerConfig | None = None) -> onnxruntime.InferenceSession:
+    """Create a CPU ``InferenceSession`` with the options of ``config``.
+
+    Pinning of the calling thread is the caller's business (see :meth:`Runner.time`);
+    this only adds the pool-thread affinities.
+
+    Args:
+        model: a path, serialized bytes or an ``onnx.ModelProto``.
+        config: the runner configuration (defaults to ``RunnerConfig()``).
+
+    Returns:
+        The session.
+
+    Raises:
+        DlbricksError: onnxruntime rejects the model or the options.
+    """
+    import onnxruntime as ort
+
+    so = session_options(config or RunnerConfig())
     if isinstance(model, (str, os.PathLike)):
         src: Any = os.fspath(model)
     elif isinstance(model, (bytes, bytearray)):

@@ -436,3 +436,26 @@ def test_shuffling_a_real_model_keeps_the_multiset_of_digests(rnd):
     del proto.graph.node[:]
     proto.graph.node.extend(nodes)
     assert collections.Counter(digests(proto)) == base
+
+
+def test_cached_operator_and_attribute_bytes_match_a_fresh_computation():
+    # Layers that repeat an operator and its attributes share cached head bytes; a
+    # warm cache must give exactly what a cold one gives, for every light-model layer.
+    from dlbricks import digest
+
+    models = [onnx_io.load(p) for p in sorted(LIGHT.glob("light_*.onnx"))]
+    layers = [layer for m in models for layer in m.layers]
+
+    def canonical(layer):
+        return layer_canonical_bytes(
+            layer.node, layer.input_types, layer.output_types, layer.constants, op_version=1
+        )
+
+    warm = [canonical(layer) for layer in layers]
+    cold = []
+    for layer in layers:
+        digest._HEADS.clear()
+        digest._TYPE_BYTES.clear()
+        cold.append(canonical(layer))
+    assert warm == cold
+    assert [canonical(layer) for layer in layers] == warm

@@ -120,14 +120,25 @@ def _norm_domain(domain: str) -> str:
     return "" if domain in ("", "ai.onnx") else domain
 
 
-@functools.lru_cache(maxsize=1 << 16)
+# Layers repeat a few types many times; keyed by (elem_type, shape) so that a lookup
+# compares plain tuples (a TensorType's generated __eq__ runs Python code).
+_TYPE_BYTES: dict[tuple[int, tuple[int, ...]], bytes] = {}
+_CACHE_MAX = 1 << 16
+
+
 def _tensor_type_bytes(t: TensorType) -> bytes:
-    n = len(t.shape)
-    return struct.pack(f"<II{n}q", t.elem_type, n, *t.shape)
+    key = (t.elem_type, t.shape)
+    b = _TYPE_BYTES.get(key)
+    if b is None:
+        n = len(t.shape)
+        b = struct.pack(f"<II{n}q", t.elem_type, n, *t.shape)
+        if len(_TYPE_BYTES) >= _CACHE_MAX:
+            _TYPE_BYTES.clear()
+        _TYPE_BYTES[key] = b
+    return b
 
 
 def _write_tensor_type(w: _Writer, t: TensorType) -> None:
-    # Layers repeat a few types many times; the cache makes this a lookup.
     w.raw(_tensor_type_bytes(t))
 
 
@@ -454,62 +465,133 @@ def layer_canonical_bytes(
             f"{len(node.output)} outputs, got {len(input_types)} input types and "
             f"{len(output_types)} output types"
         )
-    domain = _norm_domain(node.domain)
+    return _canonical_bytes(
+        node.domain,
+        node.op_type,
+        node.attribute,
+        node.name,
+        tuple(node.input),
+        tuple(node.output),
+        input_types,
+        output_types,
+        constants,
+        op_version,
+        outer_types,
+    )
+
+
+_U32 = struct.Struct("<I").pack
+_IN_OMITTED_B, _IN_ACTIVATION_B, _IN_WEIGHT_B, _IN_PARAM_B = (bytes([t]) for t in range(4))
+_OUT_OMITTED_B, _OUT_TYPED_B, _OUT_UNKNOWN_B = (bytes([t]) for t in range(3))
+_U32_SMALL = [_U32(n) for n in range(64)]
+# (domain, op_type, op_version, serialized attributes) -> (head bytes, outer names).
+_HEADS: dict[tuple[str, str, int, tuple[bytes, ...]], tuple[bytes, tuple[str, ...]]] = {}
+# Attributes bigger than this (subgraph bodies, tensors) are not kept as cache keys.
+_HEAD_KEY_MAX_BYTES = 4096
+
+
+def _head(
+    raw_domain: str, op_type: str, attrs: Sequence[AttributeProto], op_version: int
+) -> tuple[bytes, tuple[str, ...]]:
+    """Magic, version, operator and attributes, and the outer names the attributes read.
+
+    Both follow from the operator and the attributes' serialized bytes alone (subgraph
+    bodies included), so layers that repeat them share one computation.
+    """
+    attr_bytes = tuple([a.SerializeToString() for a in attrs]) if len(attrs) else ()
+    key = (raw_domain, op_type, op_version, attr_bytes)
+    hit = _HEADS.get(key)
+    if hit is not None:
+        return hit
+    domain = _norm_domain(raw_domain)
     w = _Writer()
     w.raw(LAYER_MAGIC)
     w.u32(LAYER_DIGEST_VERSION)
     w.text(domain)
-    w.text(node.op_type)
+    w.text(op_type)
     w.i64(op_version)
-
     scopes = _Scopes()
-    defaults = _schema_defaults(node.op_type, op_version) if domain == "" and op_version > 0 else None
-    _write_attributes(w, node.attribute, scopes, defaults)
+    defaults = _schema_defaults(op_type, op_version) if domain == "" and op_version > 0 else None
+    _write_attributes(w, attrs, scopes, defaults)
+    hit = (w.getvalue(), tuple(scopes.outer))  # dicts keep first-reference order
+    if sum(map(len, attr_bytes)) <= _HEAD_KEY_MAX_BYTES:
+        if len(_HEADS) >= _CACHE_MAX:
+            _HEADS.clear()
+        _HEADS[key] = hit
+    return hit
 
-    n_in = len(_strip_trailing(node.input))
-    w.u32(n_in)
+
+def _canonical_bytes(
+    raw_domain: str,
+    op_type: str,
+    attrs: Sequence[AttributeProto],
+    node_name: str,
+    ins: tuple[str, ...],
+    outs: tuple[str, ...],
+    input_types: Sequence[TensorType | None],
+    output_types: Sequence[TensorType | None],
+    constants: Mapping[int, ConstInput] | None,
+    op_version: int,
+    outer_types: Mapping[str, TensorType] | None,
+) -> bytes:
+    """:func:`layer_canonical_bytes` from a node's fields, read once by the caller."""
+    head, outer = _head(raw_domain, op_type, attrs, op_version)
+    parts = [head]
+    append = parts.append
+    type_bytes = _TYPE_BYTES
+
+    n_in = len(ins)
+    while n_in and not ins[n_in - 1]:
+        n_in -= 1
+    append(_U32_SMALL[n_in] if n_in < 64 else _U32(n_in))
     for slot in range(n_in):
-        if not node.input[slot]:
-            w.u8(_IN_OMITTED)
+        if not ins[slot]:
+            append(_IN_OMITTED_B)
             continue
         t = input_types[slot]
         if t is None:
-            raise ValueError(f"node {node.name!r} ({node.op_type}): input {slot} has no type")
-        c = constants.get(slot)
+            raise ValueError(f"node {node_name!r} ({op_type}): input {slot} has no type")
+        c = constants.get(slot) if constants else None
         if c is None:
-            w.u8(_IN_ACTIVATION)
-            _write_tensor_type(w, t)
+            append(_IN_ACTIVATION_B)
         elif c.role == "weight":
-            w.u8(_IN_WEIGHT)
-            _write_tensor_type(w, t)
+            append(_IN_WEIGHT_B)
         else:
             if c.value is None:
-                raise ValueError(f"node {node.name!r} ({node.op_type}): param input {slot} has no value")
-            w.u8(_IN_PARAM)
-            _write_tensor_type(w, t)
+                raise ValueError(f"node {node_name!r} ({op_type}): param input {slot} has no value")
+            append(_IN_PARAM_B)
+            append(_tensor_type_bytes(t))
+            w = _Writer()
             _write_values(w, np.asarray(c.value))
+            append(w.getvalue())
+            continue
+        b = type_bytes.get((t.elem_type, t.shape))
+        append(b if b is not None else _tensor_type_bytes(t))
 
-    n_out = len(_strip_trailing(node.output))
-    w.u32(n_out)
+    n_out = len(outs)
+    while n_out and not outs[n_out - 1]:
+        n_out -= 1
+    append(_U32_SMALL[n_out] if n_out < 64 else _U32(n_out))
     for slot in range(n_out):
         t = output_types[slot]
-        if not node.output[slot]:
-            w.u8(_OUT_OMITTED)
+        if not outs[slot]:
+            append(_OUT_OMITTED_B)
         elif t is None:
-            w.u8(_OUT_UNKNOWN)
+            append(_OUT_UNKNOWN_B)
         else:
-            w.u8(_OUT_TYPED)
-            _write_tensor_type(w, t)
+            append(_OUT_TYPED_B)
+            b = type_bytes.get((t.elem_type, t.shape))
+            append(b if b is not None else _tensor_type_bytes(t))
 
-    w.u32(len(scopes.outer))
-    for name in scopes.outer:  # dicts keep first-reference order
+    append(_U32_SMALL[len(outer)] if len(outer) < 64 else _U32(len(outer)))
+    for name in outer:
         t = outer_types.get(name) if outer_types is not None else None
         if t is None:
-            w.u8(0)
+            append(b"\x00")
         else:
-            w.u8(1)
-            _write_tensor_type(w, t)
-    return w.getvalue()
+            append(b"\x01")
+            append(_tensor_type_bytes(t))
+    return b"".join(parts)
 
 
 def layer_digest(
@@ -539,5 +621,27 @@ def layer_digest(
     """
     data = layer_canonical_bytes(
         node, input_types, output_types, constants, op_version=op_version, outer_types=outer_types
+    )
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+
+def _layer_digest_fields(
+    raw_domain: str,
+    op_type: str,
+    attrs: Sequence[AttributeProto],
+    node_name: str,
+    ins: tuple[str, ...],
+    outs: tuple[str, ...],
+    input_types: Sequence[TensorType | None],
+    output_types: Sequence[TensorType | None],
+    constants: Mapping[int, ConstInput] | None,
+    op_version: int,
+    outer_types: Mapping[str, TensorType] | None,
+) -> bytes:
+    """:func:`layer_digest` for the loader, which has read the node's fields once and
+    built one type per input and output."""
+    data = _canonical_bytes(
+        raw_domain, op_type, attrs, node_name, ins, outs, input_types, output_types, constants, op_version, outer_types
     )
     return hashlib.blake2b(data, digest_size=16).digest()

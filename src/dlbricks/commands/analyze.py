@@ -11,6 +11,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="decompose models into layers and bricks; dedup statistics")
     add_model_args(p)
     p.add_argument("-G", default="1,2,3", metavar="LIST", help="granularities, e.g. 1,2,3 or 1-5 (default 1,2,3)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="parse the models as Ray tasks on the cluster at ADDRESS (host:port, auto or local)")
     add_output_args(p)
     p.set_defaults(func=run)
 
@@ -20,7 +22,13 @@ def run(args: argparse.Namespace) -> int:
 
     Gs = parse_g_list(args.G)
     shapes = parse_input_shapes(args.input_shape)
-    loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
+    if args.ray:
+        from dlbricks.distributed import connect, load_corpus_ray
+
+        with connect(args.ray):
+            loaded = load_corpus_ray(args.paths, shapes, strict=args.strict, on_warning=print_err)
+    else:
+        loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
     for e in loaded.errors:
         print_err(f"skipped {e['error']}")
     result = analyze(loaded.models, Gs)

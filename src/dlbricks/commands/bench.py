@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from dlbricks.commands._common import (
@@ -13,10 +14,12 @@ from dlbricks.commands._common import (
     load_models,
     open_store,
     parse_g_list,
+    parse_input_shapes,
     positive_int,
     runner_config,
     warn,
 )
+from dlbricks.model import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print a machine summary")
     add_store_arg(p)
     add_runner_args(p)
+    g = p.add_argument_group("ray (pip install 'dlbricks[ray]')")
+    g.add_argument("--ray", metavar="ADDRESS",
+                   help="time the bricks on the Ray cluster at ADDRESS (host:port, auto or local): one brick at a time "
+                        "on every node offering the dlbricks_timing_slot resource; results per system kind")
+    g.add_argument("--ray-resources", metavar="JSON", default=None,
+                   help='only nodes offering these Ray resources time, e.g. \'{"avx512": 1}\'')
+    g.add_argument("--ray-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="only nodes with this Ray node label time (repeatable)")
     p.set_defaults(func=run)
 
 
@@ -39,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     Gs = parse_g_list(args.G)
     config = runner_config(args, jobs=args.jobs)
+    if args.ray:
+        return _run_ray(args, Gs, config)
     models = load_models(args)
     e2e_models = None
     if args.runtime_graph and args.e2e:
@@ -73,6 +86,71 @@ def run(args: argparse.Namespace) -> int:
             f"models: {summary.models_total}, {summary.models_reused} reused, "
             f"{summary.models_measured} measured, {summary.models_failed} failed\n"
         )
+    text += f"store: {out['store']}  ({summary.wall_s:.1f} s)\n"
+    emit(args, text, out)
+    return 1 if summary.bricks_failed or summary.models_failed else 0
+
+
+def _run_ray(args: argparse.Namespace, Gs: list[int], config: object) -> int:
+    from dlbricks.analysis import print_err
+    from dlbricks.distributed import bench_on_ray, connect, load_corpus_ray
+
+    if args.runtime_graph:
+        raise UsageError("--runtime-graph cannot be combined with --ray yet")
+    if args.jobs != 1:
+        raise UsageError("--jobs does not apply with --ray: each node times one brick at a time")
+    if args.workdir:
+        raise UsageError("--output-dir does not apply with --ray: bricks are generated on the nodes")
+    try:
+        resources = json.loads(args.ray_resources) if args.ray_resources else {}
+        if not isinstance(resources, dict) or not all(isinstance(v, (int, float)) for v in resources.values()):
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--ray-resources {args.ray_resources!r}: expected a JSON object of numbers") from None
+    labels = {}
+    for item in args.ray_label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--ray-label {item!r}: expected KEY=VALUE")
+        labels[key] = value
+    shapes = parse_input_shapes(args.input_shape)
+    with connect(args.ray), open_store(args) as store:
+        loaded = load_corpus_ray(args.paths, shapes, strict=args.strict, on_warning=print_err)
+        for e in loaded.errors:
+            print_err(f"skipped {e['error']}")
+        summary = bench_on_ray(
+            loaded.models,
+            Gs,
+            store=store,
+            config=config,
+            force=args.force,
+            e2e=args.e2e,
+            seed=args.seed,
+            resources=resources,
+            labels=labels,
+            progress=sys.stderr.isatty(),
+            on_event=warn,
+        )
+        out = summary.to_dict()
+        out["store"] = str(store.path)
+        out["G"] = Gs
+        out["config"] = config.to_dict()  # type: ignore[attr-defined]
+    text = (
+        f"bricks: {summary.bricks_total} unique, {summary.bricks_reused} reused from the store, "
+        f"{summary.bricks_measured} measured, {summary.bricks_failed} failed\n"
+    )
+    if args.e2e:
+        text += (
+            f"models: {summary.models_total}, {summary.models_reused} reused, "
+            f"{summary.models_measured} measured, {summary.models_failed} failed\n"
+        )
+    for sid, per in summary.systems.items():
+        text += (
+            f"system {sid} ({per['cpu']}): {per['nodes']} node(s), {per.get('bricks_measured', 0)} measured, "
+            f"{per.get('bricks_reused', 0)} reused, {per.get('bricks_failed', 0)} failed\n"
+        )
+    if summary.nodes_lost:
+        text += f"nodes lost: {summary.nodes_lost}, bricks retried: {summary.retries}, not measured: {summary.lost}\n"
     text += f"store: {out['store']}  ({summary.wall_s:.1f} s)\n"
     emit(args, text, out)
     return 1 if summary.bricks_failed or summary.models_failed else 0

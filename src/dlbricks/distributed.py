@@ -74,6 +74,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from dlbricks.model import DlbricksError, ModelError, UsageError
+from dlbricks.pipeline import BenchSummary
 
 __all__ = [
     "CORES_ENV",
@@ -499,7 +500,7 @@ class _Agent:
 
 
 @dataclass(slots=True)
-class RayBenchSummary:
+class RayBenchSummary(BenchSummary):
     """What one distributed benchmarking pass did.
 
     The counters have the meaning of :class:`dlbricks.pipeline.BenchSummary`, summed
@@ -508,27 +509,11 @@ class RayBenchSummary:
     node was lost, ``lost`` bricks recorded ``not measured``.
     """
 
-    system_id: str
-    config_key: str
-    bricks_total: int = 0
-    bricks_reused: int = 0
-    bricks_measured: int = 0
-    bricks_failed: int = 0
-    models_total: int = 0
-    models_reused: int = 0
-    models_measured: int = 0
-    models_failed: int = 0
-    generate_s: float = 0.0
-    wall_s: float = 0.0
-    failures: list[dict[str, str]] = field(default_factory=list)
     systems: dict[str, dict[str, Any]] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     nodes_lost: int = 0
     retries: int = 0
     lost: int = 0
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ import contextlib
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -60,7 +60,7 @@ class BenchSummary:
     failures: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class _Progress:

@@ -67,10 +67,19 @@ START_TIMEOUT_S = 120.0
 FAST = ["--min-time", "0.01", "--max-time", "0.05", "--warmup-time", "0", "--warmup", "1", "--min-iters", "3"]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port never handed out before in this process: the OS may give a
+    just-released port again, and Ray refuses two components on one port."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _children() -> dict[int, list[int]]:

@@ -29,3 +29,24 @@ def light_dir() -> Path:
 def light_paths() -> list[Path]:
     assert len(LIGHT_MODELS) == 9, LIGHT_MODELS
     return LIGHT_MODELS
+
+
+# Ray's native threads can crash the interpreter while it tears down after a process
+# has run ray.init()/ray.shutdown() several times (ray-project/ray#31145): CI saw a
+# segfault after "467 passed". When Ray was used, end the process right after pytest
+# has reported, with pytest's own exit status, instead of running that teardown.
+_EXIT_STATUS = {"status": 0}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS["status"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import sys
+
+    if "ray" in sys.modules and not os.environ.get("DLBRICKS_TEST_NORMAL_EXIT"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS["status"])

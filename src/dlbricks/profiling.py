@@ -930,23 +930,12 @@ def _finite(v: float) -> float | None:
 
 class _HwWorker:
     def __init__(self, setup: dict[str, Any], start_timeout_s: float = 120.0):
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_hw_worker_main, args=(child, setup), name="dlbricks-hw-worker", daemon=True)
-        self.proc.start()
-        child.close()
-        self.conn = parent
-        if not parent.poll(start_timeout_s):
-            self.kill()
-            raise DlbricksError(f"hw worker did not start within {start_timeout_s:.0f} s")
-        try:
-            tag, pid = parent.recv()
-        except (EOFError, OSError):
-            self.kill()
-            raise DlbricksError(f"hw worker died while starting (exit code {self.proc.exitcode})") from None
-        if tag != "ready":  # pragma: no cover - protocol error
-            self.kill()
-            raise DlbricksError(f"hw worker sent {tag!r} instead of 'ready'")
+        from dlbricks.workers import start_worker
+
+        self.proc, self.conn, pid = start_worker(
+            mp.get_context("spawn"), _hw_worker_main, (setup,), name="dlbricks-hw-worker", what="hw worker",
+            start_timeout_s=start_timeout_s,
+        )
         self.pid = int(pid)
 
     def run(self, job: Mapping[str, Any], timeout_s: float) -> dict[str, Any] | None:

@@ -96,26 +96,51 @@ def _worker_main(conn: Any, config: dict[str, Any]) -> None:
             conn.send(("failed", Failure(msg, "error", None, time.perf_counter() - t0).to_dict()))
 
 
+def start_worker(
+    ctx: Any, target: Callable[..., None], args: tuple, *, name: str, what: str, start_timeout_s: float
+) -> tuple[Any, Any, Any]:
+    """Start a worker process and wait for its ``("ready", payload)`` handshake.
+
+    ``target`` receives its end of a duplex pipe as the first argument, then ``args``.
+
+    Returns:
+        (process, the parent's connection, the ready payload).
+    Raises:
+        DlbricksError: the worker did not start in time, died, or broke the protocol
+            (``what`` names it in the message); the process is gone then.
+    """
+    parent, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=target, args=(child, *args), name=name, daemon=True)
+    proc.start()
+    # Drop our copy of the child's end, or a dead worker would never read as EOF.
+    child.close()
+
+    def abandon() -> None:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5.0)
+        parent.close()
+
+    if not parent.poll(start_timeout_s):
+        abandon()
+        raise DlbricksError(f"{what} did not start within {start_timeout_s:.0f} s")
+    try:
+        tag, payload = parent.recv()
+    except (EOFError, OSError):
+        abandon()
+        raise DlbricksError(f"{what} died while starting ({_describe_exit(proc.exitcode)})") from None
+    if tag != "ready":  # pragma: no cover - protocol error
+        abandon()
+        raise DlbricksError(f"{what} sent {tag!r} instead of 'ready'")
+    return proc, parent, payload
+
+
 class _Worker:
     def __init__(self, ctx: Any, config: RunnerConfig, start_timeout_s: float):
-        parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, config.to_dict()), name="dlbricks-worker", daemon=True)
-        self.proc.start()
-        # Drop our copy of the child's end, or a dead worker would never read as EOF.
-        child.close()
-        self.conn = parent
-        if not parent.poll(start_timeout_s):
-            self.kill()
-            raise DlbricksError(f"timing worker did not start within {start_timeout_s:.0f} s")
-        try:
-            tag, _ = parent.recv()
-        except (EOFError, OSError):
-            code = self.exitcode()
-            self.kill()
-            raise DlbricksError(f"timing worker died while starting ({_describe_exit(code)})") from None
-        if tag != "ready":  # pragma: no cover - protocol error
-            self.kill()
-            raise DlbricksError(f"timing worker sent {tag!r} instead of 'ready'")
+        self.proc, self.conn, _ = start_worker(
+            ctx, _worker_main, (config.to_dict(),), name="dlbricks-worker", what="timing worker",
+            start_timeout_s=start_timeout_s,
+        )
 
     def exitcode(self) -> int | None:
         self.proc.join(5.0)

@@ -15,6 +15,7 @@
 #include "dlbricks/corpus.hpp"
 #include "dlbricks/digest.hpp"
 #include "dlbricks/graph.hpp"
+#include "dlbricks/onnx_scan.hpp"
 
 namespace py = pybind11;
 using namespace dlbricks;
@@ -74,6 +75,25 @@ struct Edges {
         return g;
     }
 };
+
+// A read-only view of a bytes-like object (bytes, mmap, memoryview). The caller's
+// object stays referenced by the py::buffer argument for the whole call, so the
+// pointer stays valid while the GIL is released.
+struct Bytes {
+    const std::uint8_t* data;
+    std::size_t size;
+};
+
+Bytes view_bytes(const py::buffer& b, py::buffer_info& info) {
+    info = b.request();
+    if (info.ndim != 1 || info.itemsize != 1 || (info.ndim == 1 && info.strides[0] != 1))
+        throw std::invalid_argument("expected a contiguous bytes-like object");
+    return {static_cast<const std::uint8_t*>(info.ptr), static_cast<std::size_t>(info.size)};
+}
+
+py::object type_or_none(const ScanTensorType& t) {
+    return py::make_tuple(t.elem_type, py::tuple(py::cast(t.shape)));
+}
 
 }  // namespace
 
@@ -206,4 +226,101 @@ PYBIND11_MODULE(_core, m) {
             return to_numpy(std::move(out), {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(m)});
         },
         py::arg("node_offsets"), py::arg("layer_ids"));
+
+    // The fast loader (see onnx_scan.hpp). WireError -> ValueError; the Python loader
+    // treats either as "use the full path".
+    py::register_exception<WireError>(m, "WireError", PyExc_ValueError);
+    py::class_<OnnxScan>(m, "OnnxScan")
+        .def(py::init([](py::buffer data) {
+                 py::buffer_info info;
+                 Bytes b = view_bytes(data, info);
+                 py::gil_scoped_release release;
+                 return std::make_unique<OnnxScan>(b.data, b.size);
+             }),
+             py::arg("data"))
+        .def_readonly("fallback", &OnnxScan::fallback)
+        .def_readonly("ir_version", &OnnxScan::ir_version)
+        .def_readonly("opsets", &OnnxScan::opsets)
+        .def_readonly("op_keys", &OnnxScan::op_keys)
+        .def_readonly("head_node", &OnnxScan::head_node)
+        .def_readonly("output_names", &OnnxScan::output_names)
+        .def_property_readonly("n_nodes", &OnnxScan::n_nodes)
+        .def_property_readonly("node_op_key", [](const OnnxScan& s) { return to_numpy(std::vector<std::int32_t>(s.node_op_key)); })
+        .def_property_readonly("inputs",
+                               [](const OnnxScan& s) {
+                                   // (name, elem_type, [(kind, value, param)]) per activation input.
+                                   py::list out;
+                                   for (const auto& in : s.inputs) {
+                                       py::list dims;
+                                       for (const auto& d : in.type.dims) dims.append(py::make_tuple(d.kind, d.value, d.param));
+                                       out.append(py::make_tuple(in.name, in.type.elem_type, dims));
+                                   }
+                                   return out;
+                               })
+        .def(
+            "node_bytes",
+            [](const OnnxScan& s, py::buffer data, std::size_t i) {
+                py::buffer_info info;
+                Bytes b = view_bytes(data, info);
+                ScanSpan sp = s.node_span(i);
+                if (sp.end > b.size) throw std::invalid_argument("node_bytes: not the bytes the scan was made from");
+                // The span holds the field's tag and length; skip them to get the NodeProto.
+                std::uint64_t p = sp.begin + 1;
+                while (p < sp.end && (b.data[p] & 0x80)) ++p;
+                ++p;
+                return py::bytes(reinterpret_cast<const char*>(b.data + p), static_cast<std::size_t>(sp.end - p));
+            },
+            py::arg("data"), py::arg("i"))
+        .def(
+            "node_attributes",
+            [](const OnnxScan& s, py::buffer data, std::size_t i) {
+                // The node's attribute fields, back to back: they parse as a NodeProto
+                // holding just those attributes, and key the canonical head.
+                py::buffer_info info;
+                Bytes b = view_bytes(data, info);
+                ScanSpan sp = s.node_span(i);
+                if (sp.end > b.size) throw std::invalid_argument("node_attributes: not the bytes the scan was made from");
+                return py::bytes(s.node_attributes(b.data, i));
+            },
+            py::arg("data"), py::arg("i"))
+        .def(
+            "light_model",
+            [](const OnnxScan& s, py::buffer data, std::vector<std::vector<std::int64_t>> shapes) {
+                py::buffer_info info;
+                Bytes b = view_bytes(data, info);
+                std::string out;
+                {
+                    py::gil_scoped_release release;
+                    out = s.light_model(b.data, b.size, shapes);
+                }
+                return py::bytes(out);
+            },
+            py::arg("data"), py::arg("input_shapes"))
+        .def(
+            "finish",
+            [](const OnnxScan& s, py::buffer data, py::buffer inferred, std::vector<std::vector<std::int64_t>> shapes,
+               std::vector<std::string> heads, std::unordered_map<std::string, std::int64_t> dim_subst) {
+                py::buffer_info info, inferred_info;
+                Bytes b = view_bytes(data, info);
+                Bytes inf = view_bytes(inferred, inferred_info);  // a view: no copy
+                ScanResult r;
+                {
+                    py::gil_scoped_release release;
+                    r = s.finish(b.data, b.size, inf.data, inf.size, shapes, heads, dim_subst);
+                }
+                py::dict out;
+                out["fallback"] = r.fallback;
+                if (!r.fallback.empty()) return out;
+                py::list outputs;
+                for (const auto& t : r.output_types) outputs.append(type_or_none(t));
+                out["output_types"] = outputs;
+                out["layer_nodes"] = to_numpy(std::move(r.layer_nodes));
+                out["digests"] = digests_to_numpy(std::move(r.digests));
+                out["edge_src"] = to_numpy(std::move(r.edge_src));
+                out["edge_src_slot"] = to_numpy(std::move(r.edge_src_slot));
+                out["edge_dst"] = to_numpy(std::move(r.edge_dst));
+                out["edge_dst_slot"] = to_numpy(std::move(r.edge_dst_slot));
+                return out;
+            },
+            py::arg("data"), py::arg("inferred"), py::arg("input_shapes"), py::arg("heads"), py::arg("dim_subst"));
 }

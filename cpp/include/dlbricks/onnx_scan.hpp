@@ -1,0 +1,198 @@
+// The fast analysis path: reads a serialized ONNX ModelProto straight from its bytes.
+//
+// Reading a model through Python protobuf objects costs microseconds per node and
+// field; for plain graphs (the vast majority of real models) everything analysis
+// needs is a few fields per node. OnnxScan walks the protobuf wire format itself
+// (no protobuf library: bytes in, flat tables out), skips weight payloads by their
+// length prefix without touching them, writes the weight-free copy that onnx's shape
+// inference runs on, and, given the inferred types back, folds constants, builds the
+// activation edges and computes every layer digest in the canonical form of
+// docs/digests.md.
+//
+// It handles a strict subset of ONNX and says so: any graph outside it (control flow,
+// subgraph attributes, functions, other domains, sparse tensors, symbolic dims other
+// than a leading batch, shapes inference cannot resolve, params that need evaluation,
+// anything malformed...) sets `fallback` to the reason and the Python loader, which
+// handles everything and produces the error messages, takes over. The two paths give
+// identical digests and edges (tests compare them over every model onnx ships).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "dlbricks/digest.hpp"
+
+namespace dlbricks {
+
+/// Interns byte strings: ids 0, 1, 2... by first appearance. Keys live back to back in
+/// one arena and the table is open addressing over (hash, id): models have tens of
+/// thousands of names, and a node-based map would cost an allocation and a pointer
+/// chase for each. Cost: O(key length) per call, amortised.
+class BytesIndex {
+public:
+    /// The id of the key, inserting it if new; `inserted` tells which.
+    std::int32_t intern(const char* p, std::size_t n, bool& inserted);
+    /// The id of the key, or -1.
+    std::int32_t find(const char* p, std::size_t n) const;
+    std::string_view key(std::int32_t id) const {
+        const auto i = static_cast<std::size_t>(id);
+        return std::string_view(arena_.data() + at_[i], at_[i + 1] - at_[i]);
+    }
+    std::size_t size() const { return at_.size() - 1; }
+
+private:
+    void grow();
+    std::string arena_;
+    std::vector<std::uint64_t> at_{0};  // key i is arena_[at_[i], at_[i+1])
+    std::vector<std::uint64_t> hash_;
+    std::vector<std::int32_t> id_;  // -1: empty slot
+};
+
+/// Malformed protobuf bytes. The caller falls back to the full loader, which reports it.
+struct WireError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct ScanSpan {
+    std::uint64_t begin = 0, end = 0;
+    std::uint64_t size() const { return end - begin; }
+};
+
+/// One dimension of a declared or inferred shape. kind: 0 unknown, 1 value, 2 param.
+struct ScanDim {
+    std::uint8_t kind = 0;
+    std::int64_t value = 0;
+    std::string param;
+};
+
+/// A parsed TypeProto. kind: 0 none, 1 tensor, 2 other (sequence, map, optional, sparse).
+struct ScanType {
+    std::uint8_t kind = 0;
+    std::int32_t elem_type = 0;
+    bool has_shape = false;
+    std::vector<ScanDim> dims;
+};
+
+/// A graph input as declared (for the batch-dim rule, applied in Python).
+struct ScanInput {
+    std::string name;
+    ScanType type;
+};
+
+/// A concrete tensor type: element type and shape.
+struct ScanTensorType {
+    std::int32_t elem_type = 0;
+    std::vector<std::int64_t> shape;
+    bool operator==(const ScanTensorType& o) const { return elem_type == o.elem_type && shape == o.shape; }
+};
+
+/// What `OnnxScan::finish` returns (moved to numpy by the bindings).
+struct ScanResult {
+    std::string fallback;                      // non-empty: use the full loader
+    std::vector<std::int32_t> layer_nodes;     // node index of each layer, in order
+    std::vector<Digest128> digests;            // one per layer
+    std::vector<std::int32_t> edge_src, edge_src_slot, edge_dst, edge_dst_slot;
+    std::vector<ScanTensorType> output_types;  // one per graph output
+};
+
+class OnnxScan {
+public:
+    /// Parses the model's structure from `size` bytes at `data` (not kept: every later
+    /// call takes the same bytes again). Cost: O(bytes outside weight payloads).
+    /// Throws WireError on malformed bytes.
+    OnnxScan(const std::uint8_t* data, std::size_t size);
+    OnnxScan(const OnnxScan&) = delete;  // nodes view pool_
+    OnnxScan& operator=(const OnnxScan&) = delete;
+
+    /// Non-empty when the model needs the full loader; the reason, for tests and logs.
+    std::string fallback;
+    std::int64_t ir_version = 0;
+    std::vector<std::pair<std::string, std::int64_t>> opsets;  // (domain as written, version)
+    /// Distinct (normalised domain, op type) pairs; node_op_key indexes them.
+    std::vector<std::pair<std::string, std::string>> op_keys;
+    /// Distinct (op key, attribute bytes): the part of a layer digest that depends on
+    /// the operator and attributes only. head_node is one node that has it.
+    std::vector<std::int32_t> head_node;
+    std::vector<std::int32_t> node_op_key;
+    std::vector<ScanInput> inputs;  // activation graph inputs (initializers excluded)
+    std::vector<std::string> output_names;
+    std::size_t n_nodes() const { return nodes_.size(); }
+    /// The serialized bytes of node `i` (to build its attributes in Python).
+    ScanSpan node_span(std::size_t i) const;
+    /// The attribute fields of node `i` as written (tags included). Cost: O(node bytes).
+    std::string node_attributes(const std::uint8_t* data, std::size_t i) const;
+    /// The op type and normalised domain of node `i`.
+    const std::string& node_op_type(std::size_t i) const;
+
+    /// The weight-free model for shape inference: activation inputs with the given
+    /// concrete shapes (same order as `inputs`), initializers and Constant values up to
+    /// 64 KiB inline, larger ones as typed graph inputs. Cost: O(graph bytes).
+    std::string light_model(const std::uint8_t* data, std::size_t size,
+                            const std::vector<std::vector<std::int64_t>>& input_shapes) const;
+
+    /// Folds constants with the inferred types of `inferred` (the light model after
+    /// shape inference) and computes layers, edges and digests. `input_shapes` are the
+    /// ones given to light_model, `heads` has one canonical head (digest.py's _head, op
+    /// version included) per head id, `dim_subst` maps symbolic dims to the values
+    /// chosen for them. Cost: O(graph bytes + inferred bytes).
+    ScanResult finish(const std::uint8_t* data, std::size_t size, const std::uint8_t* inferred,
+                      std::size_t inferred_size, const std::vector<std::vector<std::int64_t>>& input_shapes,
+                      const std::vector<std::string>& heads,
+                      const std::unordered_map<std::string, std::int64_t>& dim_subst) const;
+
+    /// A node's input or output name ids (-1 for ""), viewing the scan's id pool.
+    struct Ids {
+        const std::int32_t* p = nullptr;
+        std::size_t n = 0;
+        const std::int32_t* begin() const { return p; }
+        const std::int32_t* end() const { return p + n; }
+        std::size_t size() const { return n; }
+        bool empty() const { return n == 0; }
+        std::int32_t operator[](std::size_t k) const { return p[k]; }
+    };
+    struct Node {
+        Ids ins, outs;
+        std::uint32_t ins_at = 0, outs_at = 0;  // offsets into the pool while parsing
+        std::int32_t op_key = 0, head = 0;
+        ScanSpan span;
+        bool is_constant = false, is_shape = false, is_size = false;
+        // Constant nodes: the output type and where the value comes from.
+        bool const_typed = false;
+        ScanTensorType const_type;
+        std::uint8_t const_kind = 0;  // 1 tensor 'value', 2 value_int(s), 3 value_float(s), 0 unsupported
+        ScanSpan const_tensor;        // kind 1
+        std::vector<std::int64_t> const_ints;
+        std::vector<float> const_floats;
+        // Shape nodes: the slice of the input shape.
+        std::int64_t shape_start = 0, shape_end = 0;
+        bool shape_has_end = false;
+    };
+    struct Initializer {
+        std::int32_t name = -1;
+        ScanTensorType type;
+        bool external = false;
+        ScanSpan span;  // the whole TensorProto
+    };
+
+private:
+    std::int32_t intern(const char* p, std::size_t n);
+    std::int32_t find(std::string_view s) const;
+    std::string_view name(std::int32_t id) const { return names_.key(id); }
+    std::size_t n_names() const { return names_.size(); }
+
+    BytesIndex names_;               // tensor names
+    std::vector<std::int32_t> pool_;  // every node's input ids, then output ids
+    std::vector<Node> nodes_;
+    std::vector<Initializer> inits_;
+    std::vector<std::int32_t> input_ids_;   // activation inputs, as `inputs`
+    std::vector<std::int32_t> output_ids_;  // graph outputs
+    std::vector<ScanSpan> opset_spans_;
+    ScanSpan graph_name_;
+};
+
+}  // namespace dlbricks

@@ -1,0 +1,1175 @@
+// See onnx_scan.hpp. Field numbers are onnx.proto's (ONNX IR 10); the canonical byte
+// form written by finish() is docs/digests.md's and must stay byte-identical to
+// dlbricks/digest.py (tests compare the two loaders on every model onnx ships).
+#include "dlbricks/onnx_scan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+namespace dlbricks {
+
+namespace {
+
+// onnx.proto field numbers.
+namespace model_f { constexpr unsigned ir_version = 1, graph = 7, opset_import = 8, functions = 25; }
+namespace opset_f { constexpr unsigned domain = 1, version = 2; }
+namespace graph_f {
+constexpr unsigned node = 1, name = 2, initializer = 5, input = 11, output = 12, value_info = 13, sparse = 15;
+}
+namespace node_f { constexpr unsigned input = 1, output = 2, op_type = 4, attribute = 5, domain = 7; }
+namespace attr_f {
+constexpr unsigned name = 1, f = 2, i = 3, s = 4, t = 5, g = 6, floats = 7, ints = 8, strings = 9, graphs = 11,
+                   type = 20, ref_attr_name = 21, sparse_tensor = 22;
+}
+namespace tensor_f {
+constexpr unsigned dims = 1, data_type = 2, segment = 3, float_data = 4, int32_data = 5, string_data = 6,
+                   int64_data = 7, name = 8, raw_data = 9, double_data = 10, uint64_data = 11, external_data = 13,
+                   data_location = 14;
+}
+namespace vi_f { constexpr unsigned name = 1, type = 2; }
+namespace type_f { constexpr unsigned tensor = 1, sequence = 4, map = 5, sparse = 8, optional = 9; }
+namespace tensor_type_f { constexpr unsigned elem_type = 1, shape = 2; }
+namespace dim_f { constexpr unsigned value = 1, param = 2; }
+
+// TensorProto.DataType values used below.
+constexpr std::int32_t kFloat = 1, kUint8 = 2, kInt8 = 3, kUint16 = 4, kInt16 = 5, kInt32 = 6, kInt64 = 7,
+                       kString = 8, kBool = 9, kFloat16 = 10, kDouble = 11, kUint32 = 12, kUint64 = 13,
+                       kComplex64 = 14, kComplex128 = 15;
+constexpr std::int32_t kAttrGraph = 5, kAttrGraphs = 10;
+constexpr std::int64_t kInlineBytes = 64 * 1024;       // onnx_io._INLINE_BYTES
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 40;  // onnx_io.MAX_ELEMENTS
+constexpr std::int64_t kIntParamMax = 4096;            // digest.INT_PARAM_MAX_ELEMENTS
+
+constexpr std::uint32_t tag(unsigned number, unsigned wire) { return number << 3 | wire; }
+
+struct Field {
+    // tag = number << 3 | wire, as on the wire. Tests compare the tag in one go: testing
+    // number and wire separately lets the compiler fuse two 32-bit fields into one
+    // 64-bit load right after two 32-bit stores, a store-forwarding stall per field.
+    std::uint32_t tag = 0;
+    unsigned number = 0;
+    unsigned wire = 0;
+    std::uint64_t value = 0;  // varint / fixed value
+    ScanSpan payload;         // length-delimited payload
+    ScanSpan whole;           // tag through end
+};
+
+class Reader {
+public:
+    Reader(const std::uint8_t* d, std::uint64_t begin, std::uint64_t end) : d_(d), pos_(begin), end_(end) {}
+    Reader(const std::uint8_t* d, ScanSpan s) : Reader(d, s.begin, s.end) {}
+
+    __attribute__((always_inline)) bool next(Field& f) {
+        if (pos_ >= end_) return false;
+        f.whole.begin = pos_;
+        const std::uint64_t key = varint();
+        f.tag = static_cast<std::uint32_t>(key);
+        f.number = static_cast<unsigned>(key >> 3);
+        f.wire = static_cast<unsigned>(key & 7);
+        if (f.number == 0) throw WireError("field number 0");
+        switch (f.wire) {
+            case 0: f.value = varint(); break;
+            case 1: f.value = fixed(8); break;
+            case 2: {
+                const std::uint64_t n = varint();
+                if (n > end_ - pos_) throw WireError("truncated length-delimited field");
+                f.payload = {pos_, pos_ + n};
+                pos_ += n;
+                break;
+            }
+            case 5: f.value = fixed(4); break;
+            default: throw WireError("unsupported wire type");
+        }
+        f.whole.end = pos_;
+        return true;
+    }
+
+    __attribute__((always_inline)) std::uint64_t varint() {
+        // One-byte varints (tags, small lengths) are the common case.
+        if (pos_ < end_ && d_[pos_] < 0x80) return d_[pos_++];
+        std::uint64_t r = 0;
+        for (unsigned shift = 0;; shift += 7) {
+            if (pos_ >= end_ || shift > 63) throw WireError("bad varint");
+            const std::uint8_t b = d_[pos_++];
+            r |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+            if (b < 0x80) return r;
+        }
+    }
+    bool done() const { return pos_ >= end_; }
+
+private:
+    std::uint64_t fixed(unsigned n) {
+        if (end_ - pos_ < n) throw WireError("truncated fixed field");
+        std::uint64_t v = 0;
+        for (unsigned k = 0; k < n; ++k) v |= static_cast<std::uint64_t>(d_[pos_ + k]) << (8 * k);
+        pos_ += n;
+        return v;
+    }
+
+    const std::uint8_t* d_;
+    std::uint64_t pos_, end_;
+};
+
+std::string text(const std::uint8_t* d, ScanSpan s) {
+    return std::string(reinterpret_cast<const char*>(d + s.begin), static_cast<std::size_t>(s.size()));
+}
+
+// Repeated scalar fields come packed (wire 2) or one per field (their own wire type).
+template <typename Fn>
+void for_each_varint(const std::uint8_t* d, const Field& f, Fn&& fn) {
+    if (f.wire == 2) {
+        Reader r(d, f.payload);
+        while (!r.done()) fn(r.varint());
+    } else if (f.wire == 0) {
+        fn(f.value);
+    } else {
+        throw WireError("bad wire type for an integer field");
+    }
+}
+
+template <typename Fn>
+void for_each_fixed(const std::uint8_t* d, const Field& f, unsigned width, Fn&& fn) {
+    if (f.wire == 2) {
+        if (f.payload.size() % width) throw WireError("bad packed fixed-width field");
+        for (std::uint64_t p = f.payload.begin; p < f.payload.end; p += width) {
+            std::uint64_t v = 0;
+            for (unsigned k = 0; k < width; ++k) v |= static_cast<std::uint64_t>(d[p + k]) << (8 * k);
+            fn(v);
+        }
+    } else if ((width == 4 && f.wire == 5) || (width == 8 && f.wire == 1)) {
+        fn(f.value);
+    } else {
+        throw WireError("bad wire type for a fixed-width field");
+    }
+}
+
+ScanType parse_type(const std::uint8_t* d, ScanSpan s) {
+    ScanType t;
+    Reader r(d, s);
+    Field f;
+    while (r.next(f)) {
+        if (f.wire != 2) continue;
+        if (f.number == type_f::tensor) {
+            t = ScanType{};
+            t.kind = 1;
+            Reader tr(d, f.payload);
+            Field g;
+            while (tr.next(g)) {
+                if (g.tag == tag(tensor_type_f::elem_type, 0)) {
+                    t.elem_type = static_cast<std::int32_t>(g.value);
+                } else if (g.tag == tag(tensor_type_f::shape, 2)) {
+                    t.has_shape = true;
+                    Reader sr(d, g.payload);
+                    Field h;
+                    while (sr.next(h)) {
+                        if (h.tag != tag(1, 2)) continue;
+                        ScanDim dim;
+                        Reader dr(d, h.payload);
+                        Field k;
+                        while (dr.next(k)) {  // a oneof: the last one written wins
+                            if (k.tag == tag(dim_f::value, 0)) {
+                                dim.kind = 1;
+                                dim.value = static_cast<std::int64_t>(k.value);
+                                dim.param.clear();
+                            } else if (k.tag == tag(dim_f::param, 2)) {
+                                dim.kind = 2;
+                                dim.value = 0;
+                                dim.param = text(d, k.payload);
+                            }
+                        }
+                        t.dims.push_back(std::move(dim));
+                    }
+                }
+            }
+        } else if (f.number == type_f::sequence || f.number == type_f::map || f.number == type_f::sparse ||
+                   f.number == type_f::optional) {
+            t = ScanType{};
+            t.kind = 2;
+        }
+    }
+    return t;
+}
+
+// numpy's itemsize for an ONNX element type, as onnx_io._itemsize computes it
+// (8 where onnx has no numpy type).
+std::int64_t itemsize(std::int32_t elem) {
+    switch (elem) {
+        case kFloat: case kInt32: case kUint32: return 4;
+        case kUint8: case kInt8: case kBool: return 1;
+        case kUint16: case kInt16: case kFloat16: case 16: return 2;  // 16: bfloat16
+        case kInt64: case kUint64: case kDouble: case kString: case kComplex64: return 8;
+        case kComplex128: return 16;
+        case 17: case 18: case 19: case 20: case 21: case 22: case 23: case 24: case 25: case 26: return 1;
+        default: return 8;
+    }
+}
+
+// Product of dims, saturating at INT64_MAX; -1 if a dim is negative.
+std::int64_t numel(const std::vector<std::int64_t>& dims) {
+    std::int64_t n = 1;
+    for (std::int64_t v : dims) {
+        if (v < 0) return -1;
+        if (v != 0 && n > std::numeric_limits<std::int64_t>::max() / v) return std::numeric_limits<std::int64_t>::max();
+        n *= v;
+    }
+    return n;
+}
+
+bool too_big(const ScanTensorType& t) {
+    const std::int64_t n = numel(t.shape);
+    return n < 0 || n > kMaxElements;
+}
+
+std::int64_t nbytes(const ScanTensorType& t) {
+    const std::int64_t n = numel(t.shape), s = itemsize(t.elem_type);
+    if (n < 0) return -1;
+    if (n > std::numeric_limits<std::int64_t>::max() / s) return std::numeric_limits<std::int64_t>::max();
+    return n * s;
+}
+
+void put_varint(std::string& out, std::uint64_t v) {
+    while (v >= 0x80) {
+        out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+        v >>= 7;
+    }
+    out.push_back(static_cast<char>(v));
+}
+
+void put_len_field(std::string& out, unsigned number, const std::string& payload) {
+    put_varint(out, (static_cast<std::uint64_t>(number) << 3) | 2);
+    put_varint(out, payload.size());
+    out += payload;
+}
+
+void put_varint_field(std::string& out, unsigned number, std::uint64_t v) {
+    put_varint(out, static_cast<std::uint64_t>(number) << 3);
+    put_varint(out, v);
+}
+
+// A ValueInfoProto with a tensor type (what onnx.helper.make_tensor_value_info writes).
+std::string value_info(const std::string& name, std::int32_t elem, const std::vector<std::int64_t>* shape) {
+    std::string vi, type, tensor;
+    put_len_field(vi, vi_f::name, name);
+    if (shape != nullptr) {
+        put_varint_field(tensor, tensor_type_f::elem_type, static_cast<std::uint64_t>(elem));
+        std::string shp;
+        for (std::int64_t v : *shape) {
+            std::string dim;
+            put_varint_field(dim, dim_f::value, static_cast<std::uint64_t>(v));
+            put_len_field(shp, 1, dim);
+        }
+        put_len_field(tensor, tensor_type_f::shape, shp);
+        put_len_field(type, type_f::tensor, tensor);
+        put_len_field(vi, vi_f::type, type);
+    }
+    return vi;
+}
+
+void put_u32(std::string& out, std::uint32_t v) {
+    for (int k = 0; k < 4; ++k) out.push_back(static_cast<char>((v >> (8 * k)) & 0xff));
+}
+void put_u64(std::string& out, std::uint64_t v) {
+    for (int k = 0; k < 8; ++k) out.push_back(static_cast<char>((v >> (8 * k)) & 0xff));
+}
+
+// digest._tensor_type_bytes: u32 elem, u32 rank, i64 dims.
+void put_type(std::string& out, const ScanTensorType& t) {
+    put_u32(out, static_cast<std::uint32_t>(t.elem_type));
+    put_u32(out, static_cast<std::uint32_t>(t.shape.size()));
+    for (std::int64_t v : t.shape) put_u64(out, static_cast<std::uint64_t>(v));
+}
+
+// Element values in the canonical form of digest._write_values (little-endian, one NaN).
+void put_value(std::string& out, std::int32_t elem, std::uint64_t bits) {
+    switch (elem) {
+        case kFloat: {
+            std::uint32_t v = static_cast<std::uint32_t>(bits);
+            if ((v & 0x7f800000u) == 0x7f800000u && (v & 0x007fffffu)) v = 0x7fc00000u;
+            put_u32(out, v);
+            return;
+        }
+        case kDouble: {
+            if ((bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull && (bits & 0x000fffffffffffffull))
+                bits = 0x7ff8000000000000ull;
+            put_u64(out, bits);
+            return;
+        }
+        case kFloat16: {
+            std::uint16_t v = static_cast<std::uint16_t>(bits);
+            if ((v & 0x7c00u) == 0x7c00u && (v & 0x03ffu)) v = 0x7e00u;
+            out.push_back(static_cast<char>(v & 0xff));
+            out.push_back(static_cast<char>(v >> 8));
+            return;
+        }
+        case kBool: out.push_back(static_cast<char>(bits ? 1 : 0)); return;
+        default: {
+            const auto n = itemsize(elem);
+            for (int k = 0; k < n; ++k) out.push_back(static_cast<char>((bits >> (8 * k)) & 0xff));
+        }
+    }
+}
+
+bool value_dtype_supported(std::int32_t e) {
+    switch (e) {
+        case kFloat: case kUint8: case kInt8: case kUint16: case kInt16: case kInt32: case kInt64: case kBool:
+        case kFloat16: case kDouble: case kUint32: case kUint64: return true;
+        default: return false;
+    }
+}
+
+// The canonical value bytes of a TensorProto's elements; false if they cannot be
+// read here (external, strings, segments, an unusual dtype, a count mismatch).
+bool tensor_values(const std::uint8_t* d, ScanSpan payload, const ScanTensorType& type, std::string& out) {
+    const std::int32_t elem = type.elem_type;
+    const std::int64_t n = numel(type.shape);
+    if (!value_dtype_supported(elem) || n < 0 || n > kIntParamMax * 16) return false;
+    const std::int64_t isz = itemsize(elem);
+    std::optional<ScanSpan> raw;
+    std::vector<std::uint64_t> vals;
+    Reader r(d, payload);
+    Field f;
+    while (r.next(f)) {
+        switch (f.number) {
+            case tensor_f::raw_data:
+                if (f.wire != 2) return false;
+                raw = f.payload;
+                break;
+            case tensor_f::float_data:
+                if (elem != kFloat) return false;
+                for_each_fixed(d, f, 4, [&](std::uint64_t v) { vals.push_back(v); });
+                break;
+            case tensor_f::double_data:
+                if (elem != kDouble) return false;
+                for_each_fixed(d, f, 8, [&](std::uint64_t v) { vals.push_back(v); });
+                break;
+            case tensor_f::int32_data:
+                if (elem == kFloat || elem == kDouble || elem == kInt64 || elem == kUint32 || elem == kUint64)
+                    return false;
+                for_each_varint(d, f, [&](std::uint64_t v) { vals.push_back(v); });
+                break;
+            case tensor_f::int64_data:
+                if (elem != kInt64) return false;
+                for_each_varint(d, f, [&](std::uint64_t v) { vals.push_back(v); });
+                break;
+            case tensor_f::uint64_data:
+                if (elem != kUint32 && elem != kUint64) return false;
+                for_each_varint(d, f, [&](std::uint64_t v) { vals.push_back(v); });
+                break;
+            case tensor_f::string_data: case tensor_f::segment: case tensor_f::external_data:
+                return false;
+            case tensor_f::data_location:
+                if (f.value != 0) return false;
+                break;
+            default: break;
+        }
+    }
+    if (raw) {
+        if (static_cast<std::int64_t>(raw->size()) != n * isz) return false;
+        for (std::uint64_t p = raw->begin; p < raw->end; p += static_cast<std::uint64_t>(isz)) {
+            std::uint64_t v = 0;
+            for (std::int64_t k = 0; k < isz; ++k) v |= static_cast<std::uint64_t>(d[p + k]) << (8 * k);
+            if (elem == kBool) {  // numpy keeps a bool's raw byte as it is
+                out.push_back(static_cast<char>(v));
+                continue;
+            }
+            put_value(out, elem, v);
+        }
+        return true;
+    }
+    if (static_cast<std::int64_t>(vals.size()) != n) return false;
+    for (std::uint64_t v : vals) put_value(out, elem, v);
+    return true;
+}
+
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ scan
+
+namespace {
+// FNV-1a over 8-byte words, then a final mix: keys are short names and attribute bytes.
+inline std::uint64_t bytes_hash(const char* p, std::size_t n) {
+    std::uint64_t h = 0xcbf29ce484222325ull ^ n;
+    std::size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, p + k, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    for (; k < n; ++k) h = (h ^ static_cast<std::uint8_t>(p[k])) * 0x100000001b3ull;
+    return h ^ (h >> 32);
+}
+}  // namespace
+
+void BytesIndex::grow() {
+    const std::size_t cap = id_.empty() ? 256 : 2 * id_.size();
+    std::vector<std::uint64_t> hashes(cap);
+    std::vector<std::int32_t> ids(cap, -1);
+    for (std::size_t k = 0; k < id_.size(); ++k) {
+        if (id_[k] < 0) continue;
+        std::size_t j = hash_[k] & (cap - 1);
+        while (ids[j] >= 0) j = (j + 1) & (cap - 1);
+        hashes[j] = hash_[k];
+        ids[j] = id_[k];
+    }
+    hash_.swap(hashes);
+    id_.swap(ids);
+}
+
+std::int32_t BytesIndex::intern(const char* p, std::size_t n, bool& inserted) {
+    if (2 * (size() + 1) > id_.size()) grow();  // at most half full
+    const std::uint64_t h = bytes_hash(p, n);
+    const std::size_t mask = id_.size() - 1;
+    std::size_t j = h & mask;
+    for (; id_[j] >= 0; j = (j + 1) & mask) {
+        if (hash_[j] != h) continue;
+        const std::string_view have = key(id_[j]);
+        if (have.size() == n && (n == 0 || std::memcmp(have.data(), p, n) == 0)) {
+            inserted = false;
+            return id_[j];
+        }
+    }
+    const auto id = static_cast<std::int32_t>(size());
+    arena_.append(p, n);
+    at_.push_back(arena_.size());
+    hash_[j] = h;
+    id_[j] = id;
+    inserted = true;
+    return id;
+}
+
+std::int32_t BytesIndex::find(const char* p, std::size_t n) const {
+    if (id_.empty()) return -1;
+    const std::uint64_t h = bytes_hash(p, n);
+    const std::size_t mask = id_.size() - 1;
+    for (std::size_t j = h & mask; id_[j] >= 0; j = (j + 1) & mask) {
+        if (hash_[j] != h) continue;
+        const std::string_view have = key(id_[j]);
+        if (have.size() == n && (n == 0 || std::memcmp(have.data(), p, n) == 0)) return id_[j];
+    }
+    return -1;
+}
+
+std::int32_t OnnxScan::intern(const char* p, std::size_t n) {
+    if (n == 0) return -1;
+    bool inserted;
+    return names_.intern(p, n, inserted);
+}
+
+std::int32_t OnnxScan::find(std::string_view s) const {
+    return s.empty() ? -1 : names_.find(s.data(), s.size());
+}
+
+ScanSpan OnnxScan::node_span(std::size_t i) const {
+    if (i >= nodes_.size()) throw std::out_of_range("node index out of range");
+    return nodes_[i].span;
+}
+
+std::string OnnxScan::node_attributes(const std::uint8_t* d, std::size_t i) const {
+    const ScanSpan sp = node_span(i);
+    Reader r(d, sp);
+    Field f;
+    std::string out;
+    if (!r.next(f) || f.wire != 2) return out;
+    Reader nr(d, f.payload);
+    while (nr.next(f))
+        if (f.tag == tag(node_f::attribute, 2))
+            out.append(reinterpret_cast<const char*>(d + f.whole.begin), f.whole.size());
+    return out;
+}
+
+const std::string& OnnxScan::node_op_type(std::size_t i) const {
+    if (i >= nodes_.size()) throw std::out_of_range("node index out of range");
+    return op_keys[static_cast<std::size_t>(nodes_[i].op_key)].second;
+}
+
+OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
+    Reader r(d, 0, size);
+    Field f;
+    ScanSpan graph;
+    int n_graphs = 0, n_functions = 0;
+    while (r.next(f)) {
+        if (f.tag == tag(model_f::ir_version, 0)) {
+            ir_version = static_cast<std::int64_t>(f.value);
+        } else if (f.tag == tag(model_f::opset_import, 2)) {
+            std::string domain;
+            std::int64_t version = 0;
+            Reader o(d, f.payload);
+            Field g;
+            while (o.next(g)) {
+                if (g.tag == tag(opset_f::domain, 2)) domain = text(d, g.payload);
+                if (g.tag == tag(opset_f::version, 0)) version = static_cast<std::int64_t>(g.value);
+            }
+            opsets.emplace_back(std::move(domain), version);
+            opset_spans_.push_back(f.whole);
+        } else if (f.tag == tag(model_f::graph, 2)) {
+            graph = f.payload;
+            ++n_graphs;
+        } else if (f.number == model_f::functions) {
+            ++n_functions;
+        }
+    }
+    if (ir_version <= 0 || n_graphs == 0) { fallback = "not an ONNX model"; return; }
+    if (n_graphs > 1) { fallback = "graph field repeated"; return; }
+    if (n_functions) { fallback = "model-local functions"; return; }
+
+    std::vector<ScanSpan> input_spans, output_spans;
+    BytesIndex op_key_ids, head_ids;
+    // Reused per node so that the common case (a known op, a known head) allocates
+    // nothing but the node's own name lists.
+    std::string head_key, key, op_type, domain;
+    std::vector<ScanSpan> attrs;
+    std::vector<std::int32_t> node_ins, node_outs;
+    nodes_.reserve(graph.size() / 48);
+    Reader gr(d, graph);
+    while (gr.next(f)) {
+        if (f.wire != 2) continue;
+        switch (f.number) {
+            case graph_f::node: {
+                Node node;
+                node.span = f.whole;
+                op_type.clear();
+                domain.clear();
+                head_key.clear();
+                attrs.clear();
+                node_ins.clear();
+                node_outs.clear();
+                bool graph_attr = false;
+                Reader nr(d, f.payload);
+                Field g;
+                while (nr.next(g)) {
+                    if (g.wire != 2) continue;
+                    switch (g.number) {
+                        case node_f::input:
+                            node_ins.push_back(intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size()));
+                            break;
+                        case node_f::output:
+                            node_outs.push_back(intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size()));
+                            break;
+                        case node_f::op_type:
+                            op_type.assign(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size());
+                            break;
+                        case node_f::domain:
+                            domain.assign(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size());
+                            break;
+                        case node_f::attribute: {
+                            head_key.append(reinterpret_cast<const char*>(d + g.whole.begin), g.whole.size());
+                            attrs.push_back(g.payload);
+                            Reader ar(d, g.payload);
+                            Field a;
+                            while (ar.next(a)) {
+                                if (a.number == attr_f::g || a.number == attr_f::graphs) graph_attr = true;
+                                if (a.tag == tag(attr_f::type, 0) &&
+                                    (a.value == kAttrGraph || a.value == kAttrGraphs))
+                                    graph_attr = true;
+                                if (a.number == attr_f::ref_attr_name) graph_attr = true;  // function bodies only
+                            }
+                            break;
+                        }
+                        default: break;
+                    }
+                }
+                if (domain == "ai.onnx") domain.clear();
+                if (!domain.empty() && fallback.empty()) fallback = "an op of domain '" + domain + "'";
+                if ((graph_attr || op_type == "If" || op_type == "Loop" || op_type == "Scan") && fallback.empty())
+                    fallback = "control flow or a subgraph attribute";
+                key.assign(domain);
+                key.push_back('\0');
+                key += op_type;
+                bool inserted;
+                node.op_key = op_key_ids.intern(key.data(), key.size(), inserted);
+                if (inserted) op_keys.emplace_back(domain, op_type);
+                key.assign(reinterpret_cast<const char*>(&node.op_key), sizeof node.op_key);
+                key += head_key;
+                node.head = head_ids.intern(key.data(), key.size(), inserted);
+                if (inserted) head_node.push_back(static_cast<std::int32_t>(nodes_.size()));
+                node_op_key.push_back(node.op_key);
+                if (domain.empty() && (op_type == "Constant" || op_type == "Shape" || op_type == "Size")) {
+                    node.is_constant = op_type == "Constant";
+                    node.is_shape = op_type == "Shape";
+                    node.is_size = op_type == "Size";
+                    bool decided = false;  // Constant: the first value attribute wins
+                    for (const ScanSpan& as : attrs) {
+                        std::string name;
+                        Field a;
+                        std::optional<Field> t_field, i_field, f_field, ints_field, floats_field;
+                        std::vector<Field> ints_fields, floats_fields;
+                        bool other_value = false;
+                        Reader ar(d, as);
+                        while (ar.next(a)) {
+                            switch (a.number) {
+                                case attr_f::name: name = text(d, a.payload); break;
+                                case attr_f::t: t_field = a; break;
+                                case attr_f::i: i_field = a; break;
+                                case attr_f::f: f_field = a; break;
+                                case attr_f::ints: ints_fields.push_back(a); break;
+                                case attr_f::floats: floats_fields.push_back(a); break;
+                                case attr_f::s: case attr_f::strings: case attr_f::sparse_tensor: other_value = true; break;
+                                default: break;
+                            }
+                        }
+                        if (node.is_shape) {
+                            if (name == "start" && i_field) node.shape_start = static_cast<std::int64_t>(i_field->value);
+                            if (name == "end" && i_field) {
+                                node.shape_end = static_cast<std::int64_t>(i_field->value);
+                                node.shape_has_end = true;
+                            }
+                            continue;
+                        }
+                        if (!node.is_constant || decided) continue;
+                        if (name == "value") {
+                            decided = true;
+                            node.const_typed = true;  // elem 0 (unknown) without a tensor
+                            if (!t_field || t_field->wire != 2) continue;
+                            Reader tr(d, t_field->payload);
+                            Field tf;
+                            bool segment = false;
+                            while (tr.next(tf)) {
+                                if (tf.number == tensor_f::dims)
+                                    for_each_varint(d, tf, [&](std::uint64_t v) {
+                                        node.const_type.shape.push_back(static_cast<std::int64_t>(v));
+                                    });
+                                else if (tf.tag == tag(tensor_f::data_type, 0))
+                                    node.const_type.elem_type = static_cast<std::int32_t>(tf.value);
+                                else if (tf.number == tensor_f::segment)
+                                    segment = true;
+                            }
+                            node.const_kind = segment ? 0 : 1;
+                            node.const_tensor = t_field->payload;
+                        } else if (name == "value_int" || name == "value_ints") {
+                            decided = true;
+                            node.const_typed = true;
+                            node.const_kind = 2;
+                            node.const_type.elem_type = kInt64;
+                            if (name == "value_int") {
+                                node.const_ints.push_back(i_field ? static_cast<std::int64_t>(i_field->value) : 0);
+                            } else {
+                                for (const Field& x : ints_fields)
+                                    for_each_varint(d, x, [&](std::uint64_t v) {
+                                        node.const_ints.push_back(static_cast<std::int64_t>(v));
+                                    });
+                                node.const_type.shape.push_back(static_cast<std::int64_t>(node.const_ints.size()));
+                            }
+                        } else if (name == "value_float" || name == "value_floats") {
+                            decided = true;
+                            node.const_typed = true;
+                            node.const_kind = 3;
+                            node.const_type.elem_type = kFloat;
+                            auto add = [&](std::uint64_t v) {
+                                float x;
+                                const auto u = static_cast<std::uint32_t>(v);
+                                std::memcpy(&x, &u, 4);
+                                node.const_floats.push_back(x);
+                            };
+                            if (name == "value_float") {
+                                if (f_field) add(f_field->value); else node.const_floats.push_back(0.0f);
+                            } else {
+                                for (const Field& x : floats_fields) for_each_fixed(d, x, 4, add);
+                                node.const_type.shape.push_back(static_cast<std::int64_t>(node.const_floats.size()));
+                            }
+                        } else if (name == "sparse_value" || name == "value_string" || name == "value_strings") {
+                            decided = true;
+                            if (fallback.empty()) fallback = "a Constant with a sparse or string value";
+                        }
+                        (void)other_value;
+                    }
+                }
+                node.ins_at = static_cast<std::uint32_t>(pool_.size());
+                node.ins.n = node_ins.size();
+                pool_.insert(pool_.end(), node_ins.begin(), node_ins.end());
+                node.outs_at = static_cast<std::uint32_t>(pool_.size());
+                node.outs.n = node_outs.size();
+                pool_.insert(pool_.end(), node_outs.begin(), node_outs.end());
+                nodes_.push_back(std::move(node));
+                break;
+            }
+            case graph_f::name: graph_name_ = f.whole; break;
+            case graph_f::initializer: {
+                Initializer init;
+                init.span = f.whole;
+                Reader tr(d, f.payload);
+                Field g;
+                bool segment = false;
+                while (tr.next(g)) {
+                    switch (g.number) {
+                        case tensor_f::dims:
+                            for_each_varint(d, g, [&](std::uint64_t v) { init.type.shape.push_back(static_cast<std::int64_t>(v)); });
+                            break;
+                        case tensor_f::data_type:
+                            if (g.wire == 0) init.type.elem_type = static_cast<std::int32_t>(g.value);
+                            break;
+                        case tensor_f::name:
+                            if (g.wire == 2) init.name = intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size());
+                            break;
+                        case tensor_f::data_location:
+                            if (g.wire == 0) init.external = g.value == 1;
+                            break;
+                        case tensor_f::segment: segment = true; break;
+                        default: break;
+                    }
+                }
+                if (segment && fallback.empty()) fallback = "a segmented initializer";
+                if (numel(init.type.shape) < 0 && fallback.empty()) fallback = "an initializer with a negative dim";
+                if (init.name < 0 && fallback.empty()) fallback = "an unnamed initializer";
+                inits_.push_back(std::move(init));
+                break;
+            }
+            case graph_f::sparse:
+                if (fallback.empty()) fallback = "sparse initializers";
+                break;
+            case graph_f::input: input_spans.push_back(f.payload); break;
+            case graph_f::output: output_spans.push_back(f.payload); break;
+            default: break;
+        }
+    }
+    // The pool is complete: point every node's id lists into it.
+    for (Node& n : nodes_) {
+        n.ins.p = pool_.data() + n.ins_at;
+        n.outs.p = pool_.data() + n.outs_at;
+    }
+    if (!fallback.empty()) return;
+    if (nodes_.empty()) { fallback = "no nodes"; return; }
+
+    // Structure checks; anything unusual goes to the full loader, which names it.
+    std::vector<char> is_init(n_names(), 0), defined(n_names(), 0);
+    for (const auto& t : inits_) is_init[t.name] = defined[t.name] = 1;
+    std::vector<std::int32_t> graph_inputs;
+    std::vector<ScanType> graph_input_types;
+    for (const ScanSpan& s : input_spans) {
+        Reader vr(d, s);
+        Field g;
+        std::string name;
+        ScanType type;
+        while (vr.next(g)) {
+            if (g.tag == tag(vi_f::name, 2)) name = text(d, g.payload);
+            if (g.tag == tag(vi_f::type, 2)) type = parse_type(d, g.payload);
+        }
+        const std::int32_t id = intern(name.data(), name.size());
+        if (id < 0) { fallback = "an unnamed graph input"; return; }
+        if (static_cast<std::size_t>(id) >= defined.size()) {
+            defined.resize(n_names(), 0);
+            is_init.resize(n_names(), 0);
+        }
+        defined[id] = 1;
+        if (is_init[id]) continue;
+        if (type.kind != 1 || type.elem_type == 0 || !type.has_shape) {
+            fallback = "a graph input without a tensor type and shape";
+            return;
+        }
+        for (std::size_t k = 1; k < type.dims.size(); ++k)
+            if (type.dims[k].kind != 1 || type.dims[k].value < 0) {
+                fallback = "a symbolic dim other than the batch";
+                return;
+            }
+        input_ids_.push_back(id);
+        inputs.push_back(ScanInput{name, std::move(type)});
+    }
+    std::vector<std::int32_t> producer(n_names(), -1);
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+        for (std::int32_t o : nodes_[i].outs) {
+            if (o < 0) continue;
+            if (producer[o] >= 0 || defined[o]) { fallback = "a tensor defined twice"; return; }
+            producer[o] = static_cast<std::int32_t>(i);
+        }
+    }
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+        for (std::int32_t t : nodes_[i].ins) {
+            if (t < 0) continue;
+            if (producer[t] < 0 && !defined[t]) { fallback = "a read of an undefined tensor"; return; }
+            if (producer[t] >= static_cast<std::int32_t>(i)) { fallback = "nodes not in topological order"; return; }
+        }
+    }
+    for (const ScanSpan& s : output_spans) {
+        Reader vr(d, s);
+        Field g;
+        std::string name;
+        while (vr.next(g))
+            if (g.tag == tag(vi_f::name, 2)) name = text(d, g.payload);
+        const std::int32_t id = find(name);
+        if (id < 0 || (producer[id] < 0 && !defined[id])) { fallback = "a graph output nobody produces"; return; }
+        output_ids_.push_back(id);
+        output_names.push_back(name);
+    }
+}
+
+// ------------------------------------------------------------------------ light model
+
+std::string OnnxScan::light_model(const std::uint8_t* d, std::size_t size,
+                                  const std::vector<std::vector<std::int64_t>>& input_shapes) const {
+    if (input_shapes.size() != input_ids_.size()) throw std::invalid_argument("light_model: one shape per input");
+    const auto need = [&](ScanSpan s) {
+        if (s.end > size) throw std::invalid_argument("light_model: not the bytes the scan was made from");
+    };
+    std::string graph, ins, inits;
+    for (std::size_t k = 0; k < input_ids_.size(); ++k)
+        put_len_field(ins, graph_f::input, value_info(std::string(name(input_ids_[k])), inputs[k].type.elem_type, &input_shapes[k]));
+    for (const auto& t : inits_) {
+        const std::int64_t b = nbytes(t.type);
+        if (!t.external && b >= 0 && b <= kInlineBytes) {
+            need(t.span);
+            inits.append(reinterpret_cast<const char*>(d + t.span.begin), t.span.size());
+        } else {
+            put_len_field(ins, graph_f::input, value_info(std::string(name(t.name)), t.type.elem_type, &t.type.shape));
+        }
+    }
+    for (const auto& n : nodes_) {
+        if (n.is_constant && n.const_typed && !n.outs.empty() && n.outs[0] >= 0) {
+            const std::int64_t b = nbytes(n.const_type);
+            if (b < 0 || b > kInlineBytes) {
+                put_len_field(ins, graph_f::input, value_info(std::string(name(n.outs[0])), n.const_type.elem_type, &n.const_type.shape));
+                continue;
+            }
+        }
+        need(n.span);
+        graph.append(reinterpret_cast<const char*>(d + n.span.begin), n.span.size());
+    }
+    if (graph_name_.size()) {
+        need(graph_name_);
+        graph.append(reinterpret_cast<const char*>(d + graph_name_.begin), graph_name_.size());
+    }
+    graph += inits;
+    graph += ins;
+    for (std::int32_t o : output_ids_) put_len_field(graph, graph_f::output, value_info(std::string(name(o)), 0, nullptr));
+
+    std::string model;
+    put_varint_field(model, model_f::ir_version, static_cast<std::uint64_t>(std::max<std::int64_t>(ir_version, 4)));
+    for (const ScanSpan& s : opset_spans_) {
+        need(s);
+        model.append(reinterpret_cast<const char*>(d + s.begin), s.size());
+    }
+    put_len_field(model, model_f::graph, graph);
+    return model;
+}
+
+// ----------------------------------------------------------------------------- finish
+
+namespace {
+
+// Concrete tensor types of one model, interned: each carries its canonical bytes
+// (digest._tensor_type_bytes), element count and the absurd-size flag, computed once.
+class TypeTable {
+public:
+    std::int32_t intern(std::int32_t elem, const std::int64_t* dims, std::size_t rank) {
+        scratch_.clear();
+        put_u32(scratch_, static_cast<std::uint32_t>(elem));
+        put_u32(scratch_, static_cast<std::uint32_t>(rank));
+        for (std::size_t k = 0; k < rank; ++k) put_u64(scratch_, static_cast<std::uint64_t>(dims[k]));
+        bool inserted;
+        const std::int32_t id = ids_.intern(scratch_.data(), scratch_.size(), inserted);
+        if (inserted) {
+            ScanTensorType t{elem, std::vector<std::int64_t>(dims, dims + rank)};
+            numels.push_back(numel(t.shape));
+            big.push_back(too_big(t) ? 1 : 0);
+            types.push_back(std::move(t));
+        }
+        return id;
+    }
+    std::int32_t intern(const ScanTensorType& t) { return intern(t.elem_type, t.shape.data(), t.shape.size()); }
+    std::string_view bytes(std::int32_t id) const { return ids_.key(id); }
+
+    std::vector<ScanTensorType> types;
+    std::vector<std::int64_t> numels;
+    std::vector<char> big;
+
+private:
+    BytesIndex ids_;  // keyed by the canonical bytes themselves
+    std::string scratch_;
+};
+
+constexpr std::int64_t kUnknownDim = std::numeric_limits<std::int64_t>::min();
+
+}  // namespace
+
+ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::uint8_t* inferred,
+                            std::size_t inferred_size, const std::vector<std::vector<std::int64_t>>& input_shapes,
+                            const std::vector<std::string>& heads,
+                            const std::unordered_map<std::string, std::int64_t>& dim_subst) const {
+    ScanResult res;
+    if (heads.size() != head_node.size()) throw std::invalid_argument("finish: one head per head id");
+    if (input_shapes.size() != input_ids_.size()) throw std::invalid_argument("finish: one shape per input");
+    const std::size_t n_names = this->n_names();
+    TypeTable tt;
+    // Concrete type id per name (-1: none known), in onnx_io._Loader._concrete's order
+    // of precedence: initializers, Constant nodes, folded Shape/Size, then inference.
+    std::vector<std::int32_t> cid(n_names, -1);
+
+    // Inferred types, merged as onnx_io._merge_type does: a later entry replaces an
+    // earlier one only when strictly more complete (onnx_io._completeness).
+    {
+        std::vector<std::int16_t> score(n_names, -1);
+        Reader mr(inferred, 0, inferred_size);
+        Field f;
+        ScanSpan graph;
+        while (mr.next(f))
+            if (f.tag == tag(model_f::graph, 2)) graph = f.payload;
+        std::vector<ScanSpan> by_kind[3];  // input, value_info, output: Python's order
+        Reader gr(inferred, graph);
+        while (gr.next(f)) {
+            if (f.wire != 2) continue;
+            if (f.number == graph_f::input) by_kind[0].push_back(f.payload);
+            else if (f.number == graph_f::value_info) by_kind[1].push_back(f.payload);
+            else if (f.number == graph_f::output) by_kind[2].push_back(f.payload);
+        }
+        std::vector<std::int64_t> dims;
+        for (const auto& spans : by_kind) {
+            for (const ScanSpan& s : spans) {
+                Reader vr(inferred, s);
+                Field g;
+                std::int32_t id = -1;
+                ScanSpan type_span;
+                while (vr.next(g)) {
+                    if (g.tag == tag(vi_f::name, 2))
+                        id = find(std::string_view(reinterpret_cast<const char*>(inferred + g.payload.begin), g.payload.size()));
+                    else if (g.tag == tag(vi_f::type, 2))
+                        type_span = g.payload;
+                }
+                if (id < 0 || type_span.size() == 0) continue;
+                // parse_type without allocating: this runs once per inferred value.
+                std::int32_t elem = 0;
+                bool tensor = false, has_shape = false, all_known = false;
+                int sc = 0;
+                {
+                    Reader tr(inferred, type_span);
+                    Field tf;
+                    while (tr.next(tf)) {
+                        if (tf.wire != 2) continue;
+                        if (tf.number != type_f::tensor) {
+                            if (tf.number == type_f::sequence || tf.number == type_f::map ||
+                                tf.number == type_f::sparse || tf.number == type_f::optional)
+                                tensor = false;
+                            continue;
+                        }
+                        tensor = true;
+                        elem = 0;
+                        has_shape = false;
+                        dims.clear();
+                        Reader er(inferred, tf.payload);
+                        Field g2;
+                        while (er.next(g2)) {
+                            if (g2.tag == tag(tensor_type_f::elem_type, 0)) {
+                                elem = static_cast<std::int32_t>(g2.value);
+                            } else if (g2.tag == tag(tensor_type_f::shape, 2)) {
+                                has_shape = true;
+                                dims.clear();
+                                Reader sr(inferred, g2.payload);
+                                Field h;
+                                while (sr.next(h)) {
+                                    if (h.tag != tag(1, 2)) continue;
+                                    std::int64_t v = kUnknownDim;
+                                    Reader dr(inferred, h.payload);
+                                    Field k;
+                                    while (dr.next(k)) {  // a oneof: the last one written wins
+                                        if (k.tag == tag(dim_f::value, 0)) {
+                                            const auto x = static_cast<std::int64_t>(k.value);
+                                            v = x >= 0 ? x : kUnknownDim;
+                                        } else if (k.tag == tag(dim_f::param, 2)) {
+                                            v = kUnknownDim;
+                                            if (k.payload.size() && !dim_subst.empty()) {
+                                                auto it = dim_subst.find(text(inferred, k.payload));
+                                                if (it != dim_subst.end()) v = it->second;
+                                            }
+                                        }
+                                    }
+                                    dims.push_back(v);
+                                }
+                            }
+                        }
+                    }
+                }
+                if (!tensor) continue;  // non-tensor types never make a name concrete
+                sc = elem ? 1 : 0;
+                all_known = has_shape;
+                if (has_shape) {
+                    sc += 1;
+                    for (std::int64_t v : dims) {
+                        if (v == kUnknownDim) all_known = false; else sc += 2;
+                    }
+                }
+                const std::int32_t type_elem = elem;
+                if (score[id] >= 0 && sc <= score[id]) continue;
+                score[id] = static_cast<std::int16_t>(std::min(sc, 32000));
+                cid[id] = (all_known && type_elem) ? tt.intern(type_elem, dims.data(), dims.size()) : -1;
+            }
+        }
+    }
+    std::vector<std::int32_t> init_of(n_names, -1), const_node_of(n_names, -1);
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+        const Node& n = nodes_[i];
+        if (n.is_constant && n.const_typed && !n.outs.empty() && n.outs[0] >= 0) {
+            const_node_of[n.outs[0]] = static_cast<std::int32_t>(i);
+            cid[n.outs[0]] = n.const_type.elem_type ? tt.intern(n.const_type) : -1;
+        }
+    }
+    for (std::size_t k = 0; k < inits_.size(); ++k) {
+        const auto& t = inits_[k];
+        init_of[t.name] = static_cast<std::int32_t>(k);
+        cid[t.name] = t.type.elem_type ? tt.intern(t.type) : -1;
+    }
+    for (std::size_t k = 0; k < input_ids_.size(); ++k)  // activation inputs: as resolved
+        if (input_shapes[k].size() != inputs[k].type.dims.size())
+            throw std::invalid_argument("finish: input shape rank differs from the declaration");
+    std::vector<std::int32_t> act(n_names, -1);
+    for (std::size_t k = 0; k < input_ids_.size(); ++k)
+        act[input_ids_[k]] = tt.intern(inputs[k].type.elem_type, input_shapes[k].data(), input_shapes[k].size());
+
+    // Fold: Shape/Size of typed tensors, and every node whose inputs are all constant.
+    std::vector<std::optional<std::vector<std::int64_t>>> folded(n_names);
+    std::vector<char> is_const(n_names, 0), used(n_names, 0);
+    for (const auto& t : inits_) is_const[t.name] = 1;
+    for (std::int32_t o : output_ids_) used[o] = 1;
+    for (const auto& n : nodes_)
+        for (std::int32_t t : n.ins)
+            if (t >= 0) used[t] = 1;
+    std::vector<char> is_layer(nodes_.size(), 0);
+    std::size_t n_layers = 0;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+        const Node& n = nodes_[i];
+        if ((n.is_shape || n.is_size) && !n.ins.empty() && n.ins[0] >= 0 && !n.outs.empty() && n.outs[0] >= 0 &&
+            cid[n.ins[0]] >= 0) {
+            const ScanTensorType& t = tt.types[cid[n.ins[0]]];
+            const std::int32_t o = n.outs[0];
+            std::vector<std::int64_t> v;
+            if (n.is_size) {
+                v.push_back(numel(t.shape));
+                cid[o] = tt.intern(kInt64, nullptr, 0);
+            } else {
+                // Python slicing, as Shape-15 defines start and end.
+                const auto rank = static_cast<std::int64_t>(t.shape.size());
+                auto clamp = [&](std::int64_t x) {
+                    if (x < 0) x += rank;
+                    return std::min(std::max<std::int64_t>(x, 0), rank);
+                };
+                const std::int64_t s = clamp(n.shape_start), e = n.shape_has_end ? clamp(n.shape_end) : rank;
+                for (std::int64_t k = s; k < e; ++k) v.push_back(t.shape[static_cast<std::size_t>(k)]);
+                const std::int64_t len = static_cast<std::int64_t>(v.size());
+                cid[o] = tt.intern(kInt64, &len, 1);
+            }
+            folded[o] = std::move(v);
+            is_const[o] = 1;
+            continue;
+        }
+        bool all_const = true;
+        for (std::int32_t t : n.ins)
+            if (t >= 0 && !is_const[t]) { all_const = false; break; }
+        if (all_const) {
+            for (std::int32_t o : n.outs)
+                if (o >= 0) is_const[o] = 1;
+        } else {
+            is_layer[i] = 1;
+            ++n_layers;
+        }
+    }
+    if (n_layers == 0) { res.fallback = "no layers"; return res; }
+    res.layer_nodes.reserve(n_layers);
+    res.digests.reserve(n_layers);
+
+    std::vector<std::pair<std::int32_t, std::int32_t>> produced_by(n_names, {-1, -1});
+    std::string buf;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+        if (!is_layer[i]) continue;
+        const Node& n = nodes_[i];
+        const std::string& op = op_keys[static_cast<std::size_t>(n.op_key)].second;
+        const auto idx = static_cast<std::int32_t>(res.layer_nodes.size());
+        buf = heads[static_cast<std::size_t>(n.head)];
+        std::size_t n_in = n.ins.size();
+        while (n_in && n.ins[n_in - 1] < 0) --n_in;
+        put_u32(buf, static_cast<std::uint32_t>(n_in));
+        for (std::size_t slot = 0; slot < n_in; ++slot) {
+            const std::int32_t t = n.ins[slot];
+            if (t < 0) { buf.push_back(0); continue; }
+            if (is_const[t]) {
+                const std::int32_t c = cid[t];
+                if (c < 0) { res.fallback = "a constant whose type needs evaluation"; return res; }
+                if (tt.big[c]) { res.fallback = "an absurd shape"; return res; }
+                const ScanTensorType& ct = tt.types[c];
+                const std::int64_t ne = tt.numels[c];
+                // digest.constant_role
+                const bool param = ne <= 1 || ((ct.elem_type == kInt32 || ct.elem_type == kInt64) && ne <= kIntParamMax) ||
+                                   (((op == "Resize" && (slot == 1 || slot == 2)) || (op == "Upsample" && slot == 1)) &&
+                                    ne <= kIntParamMax);
+                if (!param) {
+                    buf.push_back(2);
+                    buf += tt.bytes(c);
+                    continue;
+                }
+                buf.push_back(3);
+                buf += tt.bytes(c);
+                bool ok = false;
+                if (init_of[t] >= 0) {
+                    const auto& init = inits_[init_of[t]];
+                    if (!init.external && init.span.end <= size) {
+                        Reader ir(d, init.span);
+                        Field f;
+                        ir.next(f);
+                        ok = tensor_values(d, f.payload, ct, buf);
+                    }
+                } else if (const_node_of[t] >= 0) {
+                    const Node& cn = nodes_[const_node_of[t]];
+                    if (cn.const_kind == 1 && cn.const_tensor.end <= size) {
+                        ok = tensor_values(d, cn.const_tensor, ct, buf);
+                    } else if (cn.const_kind == 2) {
+                        for (std::int64_t v : cn.const_ints) put_u64(buf, static_cast<std::uint64_t>(v));
+                        ok = true;
+                    } else if (cn.const_kind == 3) {
+                        for (float v : cn.const_floats) {
+                            std::uint32_t u;
+                            std::memcpy(&u, &v, 4);
+                            put_value(buf, kFloat, u);
+                        }
+                        ok = true;
+                    }
+                } else if (folded[t]) {
+                    for (std::int64_t v : *folded[t]) put_u64(buf, static_cast<std::uint64_t>(v));
+                    ok = true;
+                }
+                if (!ok) { res.fallback = "a param constant that needs evaluation"; return res; }
+                continue;
+            }
+            const std::int32_t a = act[t] >= 0 ? act[t] : cid[t];
+            if (a < 0) { res.fallback = "an activation without a concrete type"; return res; }
+            if (tt.big[a]) { res.fallback = "an absurd shape"; return res; }
+            buf.push_back(1);
+            buf += tt.bytes(a);
+            const auto& p = produced_by[t];
+            if (p.first >= 0) {
+                res.edge_src.push_back(p.first);
+                res.edge_src_slot.push_back(p.second);
+                res.edge_dst.push_back(idx);
+                res.edge_dst_slot.push_back(static_cast<std::int32_t>(slot));
+            }
+        }
+        std::size_t n_out = n.outs.size();
+        while (n_out && n.outs[n_out - 1] < 0) --n_out;
+        put_u32(buf, static_cast<std::uint32_t>(n_out));
+        for (std::size_t slot = 0; slot < n_out; ++slot) {
+            const std::int32_t t = n.outs[slot];
+            if (t < 0) { buf.push_back(0); continue; }
+            const std::int32_t o = cid[t];
+            if (o < 0) {
+                if (used[t]) { res.fallback = "a used output without a concrete type"; return res; }
+                buf.push_back(2);
+            } else {
+                if (tt.big[o]) { res.fallback = "an absurd shape"; return res; }
+                buf.push_back(1);
+                buf += tt.bytes(o);
+            }
+        }
+        for (std::size_t slot = 0; slot < n.outs.size(); ++slot)
+            if (n.outs[slot] >= 0) produced_by[n.outs[slot]] = {idx, static_cast<std::int32_t>(slot)};
+        put_u32(buf, 0);  // no outer references: no subgraphs on this path
+        res.digests.push_back(digest128(buf.data(), buf.size()));
+        res.layer_nodes.push_back(static_cast<std::int32_t>(i));
+    }
+    for (std::int32_t o : output_ids_) {
+        const std::int32_t t = act[o] >= 0 ? act[o] : cid[o];
+        if (t < 0) { res.fallback = "a graph output without a concrete type"; return res; }
+        res.output_types.push_back(tt.types[t]);
+    }
+    return res;
+}
+
+}  // namespace dlbricks

@@ -8,8 +8,9 @@ digests and slot-annotated edges) in the form the C++ core consumes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 
@@ -100,6 +101,92 @@ class Layer:
         return [i for i, n in enumerate(self.inputs) if n and i not in self.constants]
 
 
+class LazyLayers(Sequence[Layer]):
+    """A model's layers, built on first use.
+
+    The fast loader (:mod:`dlbricks.onnx_io`) computes digests, edges and layer kinds
+    without building a :class:`Layer` per node: analysing a corpus needs no more. The
+    layers themselves (nodes, types, constants) are built the first time anything
+    reads them. ``kinds`` (each layer's :attr:`Layer.kind`) is available at once.
+    Pickling materialises the layers, so a pickled model never depends on the file.
+    """
+
+    __slots__ = ("kinds", "_build", "_layers")
+
+    def __init__(self, kinds: list[str], build: Callable[[], list[Layer]]):
+        self.kinds = kinds
+        self._build = build
+        self._layers: list[Layer] | None = None
+
+    def materialized(self) -> list[Layer]:
+        if self._layers is None:
+            self._layers = self._build()
+        return self._layers
+
+    @property
+    def is_materialized(self) -> bool:
+        return self._layers is not None
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.materialized()[i]
+
+    def __iter__(self) -> Iterator[Layer]:
+        return iter(self.materialized())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, LazyLayers)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-list semantics
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (self.materialized(),))
+
+    def __repr__(self) -> str:
+        state = "built" if self._layers is not None else "not built yet"
+        return f"<{len(self.kinds)} layers, {state}>"
+
+
+class LazyMapping(Mapping[str, Any]):
+    """A dict built on first use (see :class:`LazyLayers`); pickles as a plain dict."""
+
+    __slots__ = ("_build", "_data")
+
+    def __init__(self, build: Callable[[], dict[str, Any]]):
+        self._build = build
+        self._data: dict[str, Any] | None = None
+
+    def materialized(self) -> dict[str, Any]:
+        if self._data is None:
+            self._data = self._build()
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        return self.materialized()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.materialized())
+
+    def __len__(self) -> int:
+        return len(self.materialized())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (self.materialized(),))
+
+    def __repr__(self) -> str:
+        return repr(self.materialized()) if self._data is not None else "<constants, not built yet>"
+
+
+def layer_kinds(layers: Sequence[Layer]) -> list[str]:
+    """Each layer's :attr:`Layer.kind`, without building lazily loaded layers."""
+    kinds = getattr(layers, "kinds", None)
+    return list(kinds) if kinds is not None else [layer.kind for layer in layers]
+
+
 @dataclass(slots=True)
 class Model:
     """A loaded, folded, shape-inferred model.
@@ -114,7 +201,7 @@ class Model:
     path: str | None
     ir_version: int
     opset_imports: dict[str, int]
-    layers: list[Layer]
+    layers: list[Layer]  # or a LazyLayers, which behaves as a read-only list
     inputs: list[tuple[str, TensorType]]  # activation graph inputs (initializers excluded)
     outputs: list[tuple[str, TensorType]]
     edge_src: np.ndarray
@@ -123,7 +210,7 @@ class Model:
     edge_dst_slot: np.ndarray
     digests: np.ndarray
     # Name of a folded constant -> its type (weights and params alike).
-    constant_types: dict[str, TensorType] = field(default_factory=dict)
+    constant_types: Mapping[str, TensorType] = field(default_factory=dict)
     # Materialises a folded constant's real value on demand (reads external data or
     # evaluates its ConstantOfShape chain). Analysis never calls it.
     _materialize: Callable[[str], np.ndarray] | None = field(default=None, repr=False)

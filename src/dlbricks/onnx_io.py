@@ -19,6 +19,7 @@ import functools
 import heapq
 import mmap
 import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Iterable, Literal, Mapping, Sequence, Union
@@ -28,7 +29,16 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from dlbricks.digest import _layer_digest_fields, constant_role
-from dlbricks.model import ConstInput, DlbricksError, Layer, Model, ModelError, TensorType
+from dlbricks.model import (
+    ConstInput,
+    DlbricksError,
+    LazyLayers,
+    LazyMapping,
+    Layer,
+    Model,
+    ModelError,
+    TensorType,
+)
 
 __all__ = ["DlbricksWarning", "MAX_ELEMENTS", "iter_model_paths", "load"]
 
@@ -132,20 +142,256 @@ def load(
     Warns:
         DlbricksWarning: a symbolic leading (batch) dim of an input was set to 1.
     """
-    spans: dict[str, tuple[int, int]] = {}
     if isinstance(source, onnx.ModelProto):
-        proto, path = source, None
         label = name or source.graph.name or "<model>"
-    elif isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        label = os.fspath(source)
-        proto, spans = _read_proto(path, label)
-    else:
+        if _FAST_PATH and not input_shapes:
+            fast = _load_fast_proto(source, label, name or source.graph.name or "model")
+            if fast is not None:
+                return fast
+        return _load_proto(source, label, None, name, input_shapes, {})
+    if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"load() expects a path or an onnx.ModelProto, got {type(source).__name__}")
+    path = Path(source)
+    label = os.fspath(source)
+    if _FAST_PATH and not input_shapes:
+        fast = _load_fast(path, label, name or path.stem)
+        if fast is not None:
+            return fast
+    return _load_file(path, label, name, input_shapes)
+
+
+def _load_file(
+    path: Path, label: str, name: str | None, input_shapes: Mapping[str, Sequence[int]] | None
+) -> Model:
+    """The full loader on a file (everything ONNX allows; every error message)."""
+    proto, spans = _read_proto(path, label)
+    return _load_proto(proto, label, path, name, input_shapes, spans)
+
+
+def _load_proto(
+    proto: onnx.ModelProto,
+    label: str,
+    path: Path | None,
+    name: str | None,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    spans: Mapping[str, tuple[int, int]],
+) -> Model:
     if proto.ir_version <= 0 or not proto.HasField("graph"):
         raise ModelError(f"{label}: not an ONNX model (no IR version or no graph)")
     model_name = name or (path.stem if path is not None else proto.graph.name or "model")
     return _Loader(proto, label, path, model_name, input_shapes, spans).run()
+
+
+# -- the fast path -----------------------------------------------------------------------
+#
+# Most models are plain graphs: default-domain ops, no subgraphs, static shapes (or a
+# symbolic batch dim). For those the C++ scanner (_core.OnnxScan, cpp/src/onnx_scan.cpp)
+# reads the file's bytes directly: no protobuf object per node, weight payloads skipped
+# by their length. Python adds only what needs onnx itself: each distinct op's schema
+# version, each distinct (op, attributes) head of the canonical form, and shape
+# inference, which runs on bytes. Anything else, including every error, goes to the full
+# loader above, which the scanner never second-guesses: when it says "fallback", the
+# full loader runs from scratch. Layers, constant types and constant values of a fast
+# model are built by the full loader on first use (see model.LazyLayers).
+
+try:  # onnx's C++ shape inference on serialized bytes (what onnx.shape_inference wraps)
+    from onnx.onnx_cpp2py_export import shape_inference as _c_shape_inference
+except ImportError:  # pragma: no cover - every onnx release since 1.2 has it
+    _c_shape_inference = None
+
+# Tests turn the fast path off to compare it with the full loader.
+_FAST_PATH = True
+# Files at least this big are memory-mapped: weight pages are then never read.
+_MMAP_MIN_BYTES = 1 << 20
+# (op type, op version, serialized attributes) -> canonical head (digest._head).
+_FAST_HEADS: dict[tuple[str, int, bytes], bytes] = {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _since_version(op_type: str, opset: int) -> int | None:
+    try:
+        return int(onnx.defs.get_schema(op_type, opset, "").since_version)
+    except onnx.defs.SchemaError:
+        return None
+
+
+class _FullModel:
+    """The full loader's Model of a model the fast path analysed, built once on demand.
+
+    ``source`` is the file's path or the in-memory ModelProto. The full model's digests
+    must equal the fast path's: a mismatch means the file changed in between (or a bug),
+    and is an error rather than two inconsistent views of one model.
+    """
+
+    def __init__(self, source: Path | onnx.ModelProto, label: str, name: str, digests: np.ndarray) -> None:
+        self.source, self.label, self.name, self.digests = source, label, name, digests
+        self._model: Model | None = None
+
+    def get(self) -> Model:
+        if self._model is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DlbricksWarning)  # given once, by the fast path
+                if isinstance(self.source, onnx.ModelProto):
+                    model = _load_proto(self.source, self.label, None, self.name, None, {})
+                else:
+                    model = _load_file(self.source, self.label, self.name, None)
+            if not np.array_equal(model.digests, self.digests):
+                raise ModelError(
+                    f"{self.label}: the model's layers no longer match its analysis "
+                    "(was the file changed since it was loaded?)"
+                )
+            self._model = model
+        return self._model
+
+    def layers(self) -> list[Layer]:
+        return list(self.get().layers)
+
+    def constant_types(self) -> dict[str, TensorType]:
+        return dict(self.get().constant_types)
+
+    def constant_value(self, name: str) -> np.ndarray:
+        return self.get().constant_value(name)
+
+    def __getstate__(self) -> dict:
+        return {"source": self.source, "label": self.label, "name": self.name, "digests": self.digests, "_model": None}
+
+
+def _load_fast_proto(proto: onnx.ModelProto, label: str, name: str) -> Model | None:
+    """The fast path on an in-memory model: serializing it (in C) is cheaper than
+    reading its fields from Python."""
+    if _c_shape_inference is None:
+        return None
+    try:
+        data = proto.SerializeToString()
+    except Exception:  # noqa: BLE001 - e.g. over protobuf's 2 GB limit
+        return None
+    try:
+        return _fast_model(data, proto, label, name)
+    except ValueError:
+        return None
+
+
+def _load_fast(path: Path, label: str, name: str) -> Model | None:
+    """The fast path's Model, or None when the full loader must run."""
+    if _c_shape_inference is None:
+        return None
+    try:
+        # os-level calls: for a small file, Python's buffered open() costs more than the read.
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None  # the full loader says why
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return None
+        if st.st_size < _MMAP_MIN_BYTES:
+            data = os.read(fd, st.st_size)
+            return _fast_model(data, path, label, name) if len(data) == st.st_size else None
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
+            return _fast_model(buf, path, label, name)
+    except (OSError, ValueError):  # unreadable or malformed: the full loader says why
+        return None
+    finally:
+        os.close(fd)
+
+
+def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: str, name: str) -> Model | None:
+    from dlbricks import _core
+    from dlbricks.digest import _head
+
+    scan = _core.OnnxScan(buf)
+    if scan.fallback:
+        return None
+    opsets: dict[str, int] = {}
+    for domain, version in scan.opsets:
+        opsets[_norm_domain(domain)] = int(version)
+    default_opset = opsets.get("")
+    if default_opset is None:
+        return None
+    versions = []
+    for _, op_type in scan.op_keys:  # every op is in the default domain on this path
+        since = _since_version(op_type, default_opset)
+        if since is None:
+            return None
+        versions.append(since)
+
+    # Activation inputs: the scanner accepted static shapes and a symbolic leading dim.
+    act_inputs: list[tuple[str, int, tuple[int, ...]]] = []
+    dim_subst: dict[str, int] = {}
+    notes: list[str] = []
+    for in_name, elem, dims in scan.inputs:
+        shape = []
+        for kind, value, param in dims:
+            if kind == 1 and value >= 0:
+                shape.append(int(value))
+                continue
+            what = f"'{param}'" if kind == 2 else "unknown"
+            notes.append(
+                f"{label}: input '{in_name}' has a symbolic batch dim ({what}); using 1 "
+                f"(pass --input-shape {in_name}=... to choose)"
+            )
+            if param:
+                dim_subst.setdefault(param, 1)
+            shape.append(1)
+        if _numel(shape) > MAX_ELEMENTS:
+            return None
+        act_inputs.append((in_name, int(elem), tuple(shape)))
+    shapes = [list(s) for _, _, s in act_inputs]
+
+    node_op_key = scan.node_op_key.tolist()
+    op_names = [op for _, op in scan.op_keys]
+    heads = []
+    for node_index in scan.head_node:
+        k = node_op_key[node_index]
+        attr_bytes = scan.node_attributes(buf, node_index)
+        key = (op_names[k], versions[k], attr_bytes)
+        head = _FAST_HEADS.get(key)
+        if head is None:
+            # The attribute fields alone parse as a NodeProto with just those attributes.
+            attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
+            head, outer = _head("", op_names[k], attrs, versions[k])
+            if outer:
+                return None
+            if len(_FAST_HEADS) >= 1 << 14:
+                _FAST_HEADS.clear()
+            _FAST_HEADS[key] = head
+        heads.append(head)
+
+    try:
+        inferred = _c_shape_inference.infer_shapes(scan.light_model(buf, shapes), False, False, True)
+    except Exception:  # noqa: BLE001 - the full loader reports inference errors
+        return None
+    res = scan.finish(buf, inferred, shapes, heads, dim_subst)
+    if res["fallback"]:
+        return None
+
+    kinds = [op_names[node_op_key[i]] for i in res["layer_nodes"].tolist()]
+    digests = res["digests"]
+    full = _FullModel(source, label, name, digests)
+    tts: dict[tuple[int, tuple[int, ...]], TensorType] = {}
+    for n_, e, s in act_inputs:
+        tts.setdefault((e, s), TensorType(e, s))
+    outputs = []
+    for out_name, (e, s) in zip(scan.output_names, res["output_types"]):
+        outputs.append((out_name, tts.setdefault((e, s), TensorType(e, s))))
+    for note in notes:
+        warnings.warn(note, DlbricksWarning, stacklevel=4)
+    return Model(
+        name=name,
+        path=None if isinstance(source, onnx.ModelProto) else os.fspath(source),
+        ir_version=int(scan.ir_version),
+        opset_imports=opsets,
+        layers=LazyLayers(kinds, full.layers),  # type: ignore[arg-type]
+        inputs=[(n_, tts[(e, s)]) for n_, e, s in act_inputs],
+        outputs=outputs,
+        edge_src=res["edge_src"],
+        edge_src_slot=res["edge_src_slot"],
+        edge_dst=res["edge_dst"],
+        edge_dst_slot=res["edge_dst_slot"],
+        digests=digests,
+        constant_types=LazyMapping(full.constant_types),
+        _materialize=full.constant_value,
+    )
 
 
 def _read_proto(path: Path, label: str) -> tuple[onnx.ModelProto, dict[str, tuple[int, int]]]:

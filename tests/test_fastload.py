@@ -1,0 +1,309 @@
+"""The fast loader (C++ scan of the serialized model) against the full Python loader.
+
+Both must give the same model: digests, edges, inputs, outputs, layer kinds. The
+fast path's layers are built lazily by the full loader, which also re-checks the
+digests, so every test elsewhere that reads ``model.layers`` checks agreement too.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import dlbricks
+from dlbricks import _core, onnx_io
+from dlbricks.model import DlbricksError, LazyLayers, ModelError
+
+DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"
+F = T.FLOAT
+
+
+def full_load(source, **kw):
+    saved = onnx_io._FAST_PATH
+    onnx_io._FAST_PATH = False
+    try:
+        return onnx_io.load(source, **kw)
+    finally:
+        onnx_io._FAST_PATH = saved
+
+
+def is_fast(model) -> bool:
+    return isinstance(model.layers, LazyLayers)
+
+
+def assert_same(fast, full) -> None:
+    assert fast.name == full.name and fast.path == full.path
+    assert fast.ir_version == full.ir_version and fast.opset_imports == full.opset_imports
+    assert np.array_equal(fast.digests, full.digests)
+    for k in ("edge_src", "edge_src_slot", "edge_dst", "edge_dst_slot"):
+        assert np.array_equal(getattr(fast, k), getattr(full, k)), k
+        assert getattr(fast, k).dtype == np.int32
+    assert fast.inputs == full.inputs and fast.outputs == full.outputs
+    assert dlbricks.model.layer_kinds(fast.layers) == [layer.kind for layer in full.layers]
+
+
+def shipped_models() -> list[Path]:
+    out = sorted((DATA / "light").glob("*.onnx"))
+    for sub in ("pytorch-converted", "pytorch-operator", "simple"):
+        out += sorted((DATA / sub).glob("*/model.onnx"))
+    return out
+
+
+def test_fast_and_full_loaders_agree_on_every_model_onnx_ships():
+    fast_count = 0
+    for path in shipped_models():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                full = full_load(path)
+            except ModelError:
+                with pytest.raises(ModelError):  # the fast path never accepts what the full one rejects
+                    onnx_io.load(path)
+                continue
+            fast = onnx_io.load(path)
+        assert_same(fast, full)
+        fast_count += is_fast(fast)
+    assert fast_count >= 100
+
+
+@pytest.mark.parametrize("path", sorted((DATA / "light").glob("*.onnx")), ids=lambda p: p.stem)
+def test_the_light_models_take_the_fast_path_and_stay_lazy(path):
+    model = onnx_io.load(path)
+    assert is_fast(model) and not model.layers.is_materialized
+    dlbricks.Corpus([model]).stats([1, 2, 3])  # analysis needs no Layer objects
+    assert not model.layers.is_materialized
+    layers = list(model.layers)
+    assert model.layers.is_materialized and len(layers) == model.n_layers == model.digests.shape[0]
+    assert [layer.digest for layer in layers] == [bytes(d) for d in model.digests]
+
+
+def test_a_fast_model_pickles_with_its_layers_and_reads_constant_values(tmp_path):
+    path = DATA / "light" / "light_resnet50.onnx"
+    model = onnx_io.load(path)
+    clone = pickle.loads(pickle.dumps(model))
+    assert isinstance(clone.layers, list) and len(clone.layers) == model.n_layers
+    full = full_load(path)
+    name = next(c.name for c in full.layers[0].constants.values())
+    assert np.array_equal(model.constant_value(name), full.constant_value(name))
+    assert dict(model.constant_types) == dict(full.constant_types)
+
+
+def test_a_file_rewritten_after_fast_loading_is_detected(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes((DATA / "light" / "light_squeezenet.onnx").read_bytes())
+    model = onnx_io.load(path)
+    path.write_bytes((DATA / "light" / "light_zfnet512.onnx").read_bytes())
+    with pytest.raises(DlbricksError, match="no longer match"):
+        list(model.layers)
+
+
+def _vi(name, shape, elem=F):
+    return h.make_tensor_value_info(name, elem, shape)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=13, ir=8):
+    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)),
+                     opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = ir
+    return m
+
+
+def test_control_flow_and_foreign_domains_use_the_full_loader():
+    then = h.make_graph([h.make_node("Relu", ["x"], ["t"])], "then", [], [_vi("t", [1, 4])])
+    other = h.make_graph([h.make_node("Neg", ["x"], ["e"])], "else", [], [_vi("e", [1, 4])])
+    cond = nh.from_array(np.array(True), "c")
+    m_if = _model([h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+                  [_vi("x", [1, 4])], [_vi("y", [1, 4])], [cond])
+    m_ms = h.make_model(
+        h.make_graph([h.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")], "g", [_vi("x", [1, 4])],
+                     [_vi("y", [1, 4])]),
+        opset_imports=[h.make_opsetid("", 13), h.make_opsetid("com.microsoft", 1)],
+    )
+    for proto in (m_if, m_ms):
+        scan = _core.OnnxScan(proto.SerializeToString())
+        assert scan.fallback
+        model = onnx_io.load(proto)
+        assert not is_fast(model)
+        assert_same(model, full_load(proto))
+
+
+def test_a_symbolic_batch_warns_once_with_the_full_loaders_text(tmp_path):
+    proto = _model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 3])], [_vi("y", ["N", 3])])
+    with warnings.catch_warnings(record=True) as fast_w:
+        warnings.simplefilter("always")
+        fast = onnx_io.load(proto, name="m")
+    with warnings.catch_warnings(record=True) as full_w:
+        warnings.simplefilter("always")
+        full = full_load(proto, name="m")
+    assert is_fast(fast)
+    assert [str(w.message) for w in fast_w] == [str(w.message) for w in full_w] and len(fast_w) == 1
+    assert fast_w[0].filename == __file__  # points at the caller of load()
+    assert_same(fast, full)
+    # Given shapes go to the full loader (they may override any dim).
+    assert not is_fast(onnx_io.load(proto, {"x": [2, 3]}))
+
+
+# -- random graphs with constants in every role -------------------------------------------
+
+
+@st.composite
+def models_with_constants(draw) -> onnx.ModelProto:
+    """Chains and merges on [B, 4, 6, 6] float tensors whose constants come from
+    initializers, Constant nodes (each attribute kind), ConstantOfShape chains and
+    Shape folds, feeding weight, param and omitted slots."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    batch = draw(st.sampled_from([1, "N", 2]))
+    shape = [batch, 4, 6, 6]
+    real = [1 if batch == "N" else batch, 4, 6, 6]
+    nodes, inits = [], []
+    tensors = ["x"]
+    c = iter(range(10_000))
+
+    def const(kind: str, value: np.ndarray) -> str:
+        name = f"c{next(c)}"
+        if kind == "init":
+            inits.append(nh.from_array(value, name))
+        elif kind == "tensor":
+            nodes.append(h.make_node("Constant", [], [name], value=nh.from_array(value)))
+        elif kind == "ints":
+            nodes.append(h.make_node("Constant", [], [name], value_ints=[int(v) for v in value.reshape(-1)]))
+        elif kind == "float":
+            nodes.append(h.make_node("Constant", [], [name], value_float=float(value)))
+        elif kind == "cos":  # a ConstantOfShape chain, as in the light models
+            shp = f"s{next(c)}"
+            inits.append(nh.from_array(np.array(value.shape, np.int64), shp))
+            nodes.append(h.make_node("ConstantOfShape", [shp], [name],
+                                     value=nh.from_array(np.array([0.5], np.float32))))
+        return name
+
+    for k in range(draw(st.integers(1, 9))):
+        a = draw(st.sampled_from(tensors))
+        out = f"t{k}"
+        op = draw(st.sampled_from(["conv", "reshape", "clip", "add", "split", "concat", "relu", "resize", "shape"]))
+        if op == "conv":
+            w = const(draw(st.sampled_from(["init", "tensor", "cos"])), rng.normal(size=(4, 4, 3, 3)).astype(np.float32))
+            b = const(draw(st.sampled_from(["init", "cos"])), rng.normal(size=(4,)).astype(np.float32))
+            g = draw(st.sampled_from([1, 2, 4]))
+            if g != 1:  # grouped conv weights have fewer input channels
+                w = f"wg{k}"
+                inits.append(nh.from_array(rng.normal(size=(4, 4 // g, 3, 3)).astype(np.float32), w))
+            nodes.append(h.make_node("Conv", [a, w, b], [out], pads=[1, 1, 1, 1], group=g))
+        elif op == "reshape":
+            spec = draw(st.sampled_from([[1, 4, 6, 6], [-1, 4, 6, 6], [0, 4, 36, 1]]))
+            if batch == 2 and spec[0] == 1:
+                spec = [2, 4, 6, 6]
+            s = const(draw(st.sampled_from(["init", "tensor", "ints"])), np.array(spec, np.int64))
+            r = f"r{k}"
+            nodes.append(h.make_node("Reshape", [a, s], [r]))
+            back = const("init", np.array([-1, 4, 6, 6], np.int64))
+            nodes.append(h.make_node("Reshape", [r, back], [out]))
+        elif op == "clip":
+            lo = draw(st.sampled_from(["", "init", "float"]))
+            lo_name = "" if lo == "" else const(lo, np.array(0.0, np.float32))
+            hi = const(draw(st.sampled_from(["init", "float", "tensor"])), np.array(6.0, np.float32))
+            nodes.append(h.make_node("Clip", [a, lo_name, hi], [out]))
+        elif op == "add":
+            b = draw(st.sampled_from(tensors + ["const"]))
+            if b == "const":
+                b = const(draw(st.sampled_from(["init", "cos", "tensor"])), rng.normal(size=(1, 4, 1, 1)).astype(np.float32))
+            nodes.append(h.make_node("Add", [a, b], [out]))
+        elif op == "split":
+            sp = const("init", np.array([2, 2], np.int64))
+            nodes.append(h.make_node("Split", [a, sp], [f"p{k}", f"q{k}"], axis=1))
+            other = draw(st.sampled_from(["concat", "drop"]))
+            if other == "concat":
+                nodes.append(h.make_node("Concat", [f"q{k}", f"p{k}"], [out], axis=1))
+            else:  # q is never used: an untyped-unused output is allowed
+                nodes.append(h.make_node("Concat", [f"p{k}", f"p{k}"], [out], axis=1))
+        elif op == "concat":
+            b = draw(st.sampled_from(tensors))
+            cat = f"k{k}"
+            nodes.append(h.make_node("Concat", [a, b], [cat], axis=1))
+            sl = [const("init", np.array(v, np.int64)) for v in ([0], [4], [1])]
+            nodes.append(h.make_node("Slice", [cat, sl[0], sl[1], sl[2]], [out]))
+        elif op == "resize":
+            scales = const(draw(st.sampled_from(["init", "tensor"])), np.array([1, 1, 1, 1], np.float32))
+            nodes.append(h.make_node("Resize", [a, "", scales], [out], mode="nearest"))
+        elif op == "shape":  # Reshape(a, Shape(b)): a shape folded from a type
+            b = draw(st.sampled_from(tensors))
+            sh = f"sh{k}"
+            nodes.append(h.make_node("Shape", [b], [sh]))
+            nodes.append(h.make_node("Reshape", [a, sh], [out]))
+        else:
+            nodes.append(h.make_node(draw(st.sampled_from(["Relu", "Sigmoid", "Neg"])), [a], [out]))
+        tensors.append(out)
+    ir = draw(st.sampled_from([3, 8]))
+    inputs = [_vi("x", shape)]
+    if ir == 3:  # old style: every initializer is also a graph input
+        inputs += [h.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in inits]
+    del real
+    return _model(nodes, inputs, [_vi(tensors[-1], None)], inits, ir=ir)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(models_with_constants())
+def test_fast_and_full_loaders_agree_on_random_models(proto):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            full = full_load(proto)
+        except ModelError:
+            with pytest.raises(ModelError):
+                onnx_io.load(proto)
+            return
+        fast = onnx_io.load(proto)
+    assert_same(fast, full)
+    # Every construct above is on the fast path, except a Reshape to a Shape fold:
+    # inference leaves its output unknown, and the full loader's evaluate-and-retry
+    # rounds resolve it.
+    if not any(n.op_type == "Shape" for n in proto.graph.node):
+        assert is_fast(fast)
+    assert [layer.digest for layer in fast.layers] == [layer.digest for layer in full.layers]
+
+
+# -- malformed bytes ------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_truncated_or_corrupted_bytes_never_crash_the_scanner(data):
+    good = (DATA / "light" / "light_squeezenet.onnx").read_bytes()
+    buf = bytearray(good)
+    how = data.draw(st.sampled_from(["truncate", "flip", "splice"]))
+    if how == "truncate":
+        buf = buf[: data.draw(st.integers(0, len(buf) - 1))]
+    elif how == "flip":
+        for _ in range(data.draw(st.integers(1, 8))):
+            i = data.draw(st.integers(0, len(buf) - 1))
+            buf[i] = data.draw(st.integers(0, 255))
+    else:
+        i = data.draw(st.integers(0, len(buf) - 1))
+        buf[i:i] = data.draw(st.binary(min_size=1, max_size=16))
+    try:
+        scan = _core.OnnxScan(bytes(buf))
+    except ValueError:
+        return
+    if scan.fallback:
+        return
+    shapes = [[d[1] if d[0] == 1 else 1 for d in dims] for _, _, dims in scan.inputs]
+    scan.light_model(bytes(buf), shapes)  # must not crash either
+
+
+def test_a_corrupted_file_is_a_one_line_model_error(tmp_path):
+    good = (DATA / "light" / "light_squeezenet.onnx").read_bytes()
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ModelError) as err:
+        onnx_io.load(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)

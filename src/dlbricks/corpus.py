@@ -10,6 +10,7 @@ import numpy as np
 
 from dlbricks import _core
 from dlbricks.graph import _MAX_G, GraphLike, Split, _check_graph
+from dlbricks.model import layer_kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,14 +227,13 @@ class Corpus:
             seq = sp.model_seq_ids(i)
             stats["sequences"][str(G)] = {"sequences": int(seq.shape[0]), "unique_sequences": int(np.unique(seq).shape[0])}
         layers = getattr(self.graphs[i], "layers", None)
-        if layers is not None:
+        if layers is not None and n:
             # A repeat is every occurrence of a layer after its first within the model.
-            seen: set[int] = set()
-            repeated: Counter[str] = Counter()
-            for layer, lid in zip(layers, ids.tolist()):
-                if lid in seen:
-                    repeated[layer.kind] += 1
-                seen.add(lid)
+            _, first = np.unique(ids, return_index=True)
+            repeat = np.ones(n, dtype=bool)
+            repeat[first] = False
+            kinds = layer_kinds(layers)
+            repeated = Counter([kinds[k] for k in np.flatnonzero(repeat).tolist()])
             stats["repeated_layer_types"] = dict(repeated.most_common())
         return stats
 

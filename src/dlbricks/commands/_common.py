@@ -89,7 +89,13 @@ def positive_int(text: str) -> int:
 
 def emit(args: argparse.Namespace, text: str | None, obj: Any) -> None:
     """Write the command's result: JSON with --json, else text; to -o FILE or stdout."""
-    payload = json.dumps(obj, indent=1, default=_json_default) + "\n" if getattr(args, "json", False) or text is None else text
+    # One line, compact: json's C encoder handles that (an indent forces its
+    # pure-Python encoder, which costs more than analysing a small corpus); pipe to
+    # `python -m json.tool` or `jq` to read it.
+    if getattr(args, "json", False) or text is None:
+        payload = json.dumps(obj, separators=(",", ":"), default=_json_default) + "\n"
+    else:
+        payload = text
     output = getattr(args, "output", None)
     if output:
         path = Path(output)

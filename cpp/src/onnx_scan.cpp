@@ -915,6 +915,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             else if (f.number == graph_f::output) by_kind[2].push_back(f.payload);
         }
         std::vector<std::int64_t> dims;
+        // Models repeat a few types many times: remember what each TypeProto's exact
+        // bytes parsed to, as (completeness score, concrete type id or -1, tensor?).
+        BytesIndex seen_types;
+        std::vector<std::int32_t> seen_score, seen_cid;
         for (const auto& spans : by_kind) {
             for (const ScanSpan& s : spans) {
                 Reader vr(inferred, s);
@@ -928,6 +932,18 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                         type_span = g.payload;
                 }
                 if (id < 0 || type_span.size() == 0) continue;
+                bool new_type;
+                const std::int32_t seen = seen_types.intern(reinterpret_cast<const char*>(inferred + type_span.begin),
+                                                            type_span.size(), new_type);
+                if (!new_type) {
+                    const std::int32_t sc = seen_score[seen];
+                    if (sc < 0 || (score[id] >= 0 && sc <= score[id])) continue;  // non-tensor, or no better
+                    score[id] = static_cast<std::int16_t>(sc);
+                    cid[id] = seen_cid[seen];
+                    continue;
+                }
+                seen_score.push_back(-1);
+                seen_cid.push_back(-1);
                 // parse_type without allocating: this runs once per inferred value.
                 std::int32_t elem = 0;
                 bool tensor = false, has_shape = false, all_known = false;
@@ -990,9 +1006,12 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                     }
                 }
                 const std::int32_t type_elem = elem;
+                sc = std::min(sc, 32000);
+                seen_score[seen] = sc;
+                seen_cid[seen] = (all_known && type_elem) ? tt.intern(type_elem, dims.data(), dims.size()) : -1;
                 if (score[id] >= 0 && sc <= score[id]) continue;
-                score[id] = static_cast<std::int16_t>(std::min(sc, 32000));
-                cid[id] = (all_known && type_elem) ? tt.intern(type_elem, dims.data(), dims.size()) : -1;
+                score[id] = static_cast<std::int16_t>(sc);
+                cid[id] = seen_cid[seen];
             }
         }
     }
@@ -1069,6 +1088,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
 
     std::vector<std::pair<std::int32_t, std::int32_t>> produced_by(n_names, {-1, -1});
     std::string buf;
+    // Identical layers have identical canonical bytes: hash each distinct form once
+    // (the index's lookup hash is far cheaper than BLAKE2b).
+    BytesIndex forms;
+    std::vector<Digest128> form_digest;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         if (!is_layer[i]) continue;
         const Node& n = nodes_[i];
@@ -1161,7 +1184,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         for (std::size_t slot = 0; slot < n.outs.size(); ++slot)
             if (n.outs[slot] >= 0) produced_by[n.outs[slot]] = {idx, static_cast<std::int32_t>(slot)};
         put_u32(buf, 0);  // no outer references: no subgraphs on this path
-        res.digests.push_back(digest128(buf.data(), buf.size()));
+        bool new_form;
+        const std::int32_t form = forms.intern(buf.data(), buf.size(), new_form);
+        if (new_form) form_digest.push_back(digest128(buf.data(), buf.size()));
+        res.digests.push_back(form_digest[static_cast<std::size_t>(form)]);
         res.layer_nodes.push_back(static_cast<std::int32_t>(i));
     }
     for (std::int32_t o : output_ids_) {

@@ -89,6 +89,25 @@ def test_summarize_single_sample_has_zero_spread():
     assert (s.median, s.stddev, s.cv, s.ci_low, s.ci_high, s.ci_exact) == (42, 0, 0, 42, 42, False)
 
 
+def test_drift_measures_a_change_of_speed_during_sampling_not_noise():
+    rng = np.random.default_rng(0)
+    steady = rng.normal(100.0, 5.0, 400)  # noisy, but one speed throughout
+    shifted = steady + np.r_[np.zeros(200), np.full(200, 20.0)]  # the machine slowed down halfway
+    assert summarize(steady).drift < 0.05 < 0.15 < summarize(shifted).drift
+    flat = np.r_[np.full(200, 100.0), np.full(200, 120.0)]
+    assert summarize(flat).drift == pytest.approx(20 / 110)  # blocks at 100 and 120, median 110
+    assert summarize(np.full(39, 5.0)).drift == 0.0  # too few samples for 8 blocks of 5
+
+
+def test_a_drifting_measurement_says_why_its_ci_is_too_narrow(matmul_add):
+    d = Runner(RunnerConfig(**FAST)).time(matmul_add).to_dict()
+    d.pop("stats")  # recomputed from the times below
+    d["times_ns"] = [1000] * 100 + [1300] * 100
+    m = Measurement.from_dict(d)
+    assert m.stats.drift > 0.05
+    assert any(w.startswith("drifting:") for w in m.warnings)
+
+
 def test_summarize_rejects_empty_input():
     with pytest.raises(ValueError):
         summarize([])

@@ -55,6 +55,10 @@ __all__ = [
 MEASUREMENT_SCHEMA_VERSION = 1
 #: A run whose coefficient of variation exceeds this is flagged ``unstable``.
 UNSTABLE_CV = 0.05
+# Drift: the spread of the medians of DRIFT_BLOCKS consecutive blocks of iterations,
+# relative to the median, above which a measurement is flagged as drifting.
+DRIFT_BLOCKS = 8
+DRIFT_WARN = 0.05
 
 _EXECUTION_MODES = ("sequential", "parallel")
 _GRAPH_OPTIMIZATIONS = ("default", "disable", "basic", "extended", "all")
@@ -231,7 +235,11 @@ class Stats:
 
     ``ci_low``/``ci_high`` bound the median (distribution-free, ``ci_level``);
     ``cv`` is stddev / mean; ``unstable`` is set when ``cv`` exceeds 5%, with the
-    reason in ``warning``.
+    reason in ``warning``. ``drift`` is (largest - smallest) / median over the medians
+    of 8 consecutive blocks of iterations (0 with fewer than 40 samples): the median's
+    CI assumes the machine ran at one speed throughout, and a large drift says it did
+    not (on a shared host, neighbours' load comes and goes), so the CI understates the
+    run-to-run uncertainty.
     """
 
     n: int
@@ -253,6 +261,7 @@ class Stats:
     cv: float
     unstable: bool
     warning: str | None = None
+    drift: float = 0.0
 
     @property
     def ci_halfwidth_rel(self) -> float:
@@ -293,6 +302,7 @@ def summarize(times: Any, *, level: float = 0.95) -> Stats:
     n = int(x.size)
     s = np.sort(x)
     median = float(np.median(s))
+    drift = block_drift(x, median)
     mean = float(s.mean())
     stddev = float(s.std(ddof=1)) if n > 1 else 0.0
     p25, p75, p90, p99 = (float(v) for v in np.percentile(s, [25, 75, 90, 99]))
@@ -325,7 +335,24 @@ def summarize(times: Any, *, level: float = 0.95) -> Stats:
         cv=cv,
         unstable=unstable,
         warning=warning,
+        drift=drift,
     )
+
+
+def block_drift(times: Any, median: float | None = None, blocks: int = DRIFT_BLOCKS) -> float:
+    """(max - min) / median of the medians of ``blocks`` consecutive blocks of ``times``.
+
+    ``times`` must be in sampling order. Returns 0 when there are fewer than 5 samples
+    per block.
+    """
+    x = np.asarray(times, dtype=np.float64)
+    if x.size < 5 * blocks:
+        return 0.0
+    m = float(np.median(x)) if median is None else median
+    if m <= 0:
+        return 0.0
+    meds = [float(np.median(b)) for b in np.array_split(x, blocks)]
+    return (max(meds) - min(meds)) / m
 
 
 def _ci_converged(times: list[int], target: float) -> bool:
@@ -951,6 +978,12 @@ class Measurement:
         out = []
         if self.stats.warning:
             out.append(self.stats.warning)
+        if self.stats.drift > DRIFT_WARN:
+            out.append(
+                f"drifting: medians of {DRIFT_BLOCKS} consecutive blocks of iterations span "
+                f"{self.stats.drift:.1%} of the median; the machine's speed changed while sampling, "
+                "so the CI understates run-to-run variation"
+            )
         if self.stop_reason == "max_time":
             out.append(
                 f"stopped at max_time before the median's CI reached +/-{self.config.target_ci:.1%} "

@@ -784,3 +784,21 @@ def test_permutations_of_three_layers_give_one_order_each() -> None:
         g = make_graph([0, 1, 2], [(perm[0], perm[1]), (perm[1], perm[2])])
         assert topo_order(g).tolist() == list(perm)
         assert split(g, 3).members.tolist() == list(perm)
+
+
+def test_the_type_stubs_name_exactly_what_the_extension_exports():
+    import ast
+    from pathlib import Path
+
+    stub = ast.parse((Path(dlbricks.__file__).parent / "_core.pyi").read_text())
+    declared = set()
+    for node in stub.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            declared.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            declared.add(node.target.id)
+    public = {n for n in declared if not n.startswith("_")}
+    assert public == {n for n in dir(_core) if not n.startswith("_")}
+    methods = {n.name for c in stub.body if isinstance(c, ast.ClassDef) and c.name == "OnnxScan" for n in c.body
+               if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+    assert methods == {n for n in dir(_core.OnnxScan) if not n.startswith("_")}

@@ -2,6 +2,8 @@
 # Array arguments accept anything numpy can convert (forcecast to the given dtype,
 # C-contiguous); results are freshly allocated numpy arrays.
 
+import mmap
+from collections.abc import Mapping, Sequence
 from typing import Annotated, SupportsIndex, SupportsInt, TypedDict, overload
 
 import numpy as np
@@ -78,3 +80,50 @@ def dedup_corpus(
     G: _Int,
 ) -> _DedupResult: ...
 def jaccard_matrix(node_offsets: _Int64Array, layer_ids: _Int32Array) -> npt.NDArray[np.float64]: ...
+
+# The fast loader (cpp/include/dlbricks/onnx_scan.hpp, docs/core.md).
+_Buffer = bytes | bytearray | memoryview | mmap.mmap
+
+class WireError(ValueError): ...
+
+class _ScanResult(TypedDict, total=False):
+    fallback: str  # always present; the other keys only when it is ""
+    output_types: list[tuple[int, tuple[int, ...]]]
+    layer_nodes: npt.NDArray[np.int32]
+    digests: npt.NDArray[np.uint8]
+    edge_src: npt.NDArray[np.int32]
+    edge_src_slot: npt.NDArray[np.int32]
+    edge_dst: npt.NDArray[np.int32]
+    edge_dst_slot: npt.NDArray[np.int32]
+
+class OnnxScan:
+    def __init__(self, data: _Buffer) -> None: ...
+    @property
+    def fallback(self) -> str: ...
+    @property
+    def ir_version(self) -> int: ...
+    @property
+    def opsets(self) -> list[tuple[str, int]]: ...
+    @property
+    def op_keys(self) -> list[tuple[str, str]]: ...
+    @property
+    def head_node(self) -> list[int]: ...
+    @property
+    def output_names(self) -> list[str]: ...
+    @property
+    def n_nodes(self) -> int: ...
+    @property
+    def node_op_key(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def inputs(self) -> list[tuple[str, int, list[tuple[int, int, str]]]]: ...
+    def node_bytes(self, data: _Buffer, i: int) -> bytes: ...
+    def node_attributes(self, data: _Buffer, i: int) -> bytes: ...
+    def light_model(self, data: _Buffer, input_shapes: Sequence[Sequence[int]]) -> bytes: ...
+    def finish(
+        self,
+        data: _Buffer,
+        inferred: _Buffer,
+        input_shapes: Sequence[Sequence[int]],
+        heads: Sequence[bytes],
+        dim_subst: Mapping[str, int],
+    ) -> _ScanResult: ...

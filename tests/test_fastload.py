@@ -290,20 +290,34 @@ def test_truncated_or_corrupted_bytes_never_crash_the_scanner(data):
     else:
         i = data.draw(st.integers(0, len(buf) - 1))
         buf[i:i] = data.draw(st.binary(min_size=1, max_size=16))
+    # A ValueError (WireError, or a name that is not UTF-8) sends the loader to the full
+    # path; anything else, or a crash, is a bug.
     try:
         scan = _core.OnnxScan(bytes(buf))
+        if scan.fallback:
+            return
+        _ = (scan.opsets, scan.op_keys, scan.output_names, scan.head_node)
+        shapes = [[d[1] if d[0] == 1 else 1 for d in dims] for _, _, dims in scan.inputs]
+        scan.light_model(bytes(buf), shapes)
     except ValueError:
         return
-    if scan.fallback:
-        return
-    shapes = [[d[1] if d[0] == 1 else 1 for d in dims] for _, _, dims in scan.inputs]
-    scan.light_model(bytes(buf), shapes)  # must not crash either
 
 
 def test_a_corrupted_file_is_a_one_line_model_error(tmp_path):
     good = (DATA / "light" / "light_squeezenet.onnx").read_bytes()
     path = tmp_path / "bad.onnx"
     path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ModelError) as err:
+        onnx_io.load(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_name_that_is_not_utf8_is_a_one_line_model_error(tmp_path):
+    proto = _model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 3])], [_vi("y", [1, 3])])
+    data = proto.SerializeToString()
+    assert data.count(b"Relu") == 1
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(data.replace(b"Relu", b"\xff\xfeRe"))
     with pytest.raises(ModelError) as err:
         onnx_io.load(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)

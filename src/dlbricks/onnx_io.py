@@ -179,7 +179,14 @@ def _load_proto(
     if proto.ir_version <= 0 or not proto.HasField("graph"):
         raise ModelError(f"{label}: not an ONNX model (no IR version or no graph)")
     model_name = name or (path.stem if path is not None else proto.graph.name or "model")
-    return _Loader(proto, label, path, model_name, input_shapes, spans).run()
+    try:
+        return _Loader(proto, label, path, model_name, input_shapes, spans).run()
+    except (DlbricksError, MemoryError, RecursionError):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        # A damaged file can parse as protobuf yet hold fields no valid model has (names
+        # that are not UTF-8, an op_type that is bytes...): still one line, not a traceback.
+        raise ModelError(_oneline(f"{label}: not a valid ONNX model ({type(exc).__name__}: {exc})")) from None
 
 
 # -- the fast path -----------------------------------------------------------------------
@@ -267,7 +274,7 @@ def _load_fast_proto(proto: onnx.ModelProto, label: str, name: str) -> Model | N
         return None
     try:
         return _fast_model(data, proto, label, name)
-    except ValueError:
+    except Exception:  # noqa: BLE001 - malformed: the full loader says why
         return None
 
 
@@ -289,7 +296,7 @@ def _load_fast(path: Path, label: str, name: str) -> Model | None:
             return _fast_model(data, path, label, name) if len(data) == st.st_size else None
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
             return _fast_model(buf, path, label, name)
-    except (OSError, ValueError):  # unreadable or malformed: the full loader says why
+    except Exception:  # noqa: BLE001 - unreadable or malformed: the full loader says why
         return None
     finally:
         os.close(fd)

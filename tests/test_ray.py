@@ -14,6 +14,7 @@ import secrets
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,7 @@ from dlbricks.distributed import (  # noqa: E402
     load_corpus_ray,
     node_cores,
 )
+from dlbricks.model import DlbricksError  # noqa: E402
 from dlbricks.store import Store  # noqa: E402
 from dlbricks.sysinfo import fingerprint_id, system_fingerprint  # noqa: E402
 from dlbricks.timing import RunnerConfig  # noqa: E402
@@ -274,8 +276,14 @@ def _kill_when_busy(
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if store.exists():
-                with Store(store, readonly=True) as st:
-                    rows = {r.digest: r.created_at for r in st.results(kind="brick", with_times=False)}
+                try:
+                    with Store(store, readonly=True) as st:
+                        rows = {r.digest: r.created_at for r in st.results(kind="brick", with_times=False)}
+                except (DlbricksError, sqlite3.Error):
+                    # The bench process is still creating the store (an empty file is
+                    # "not a dlbricks store" to a reader): look again.
+                    time.sleep(0.02)
+                    continue
                 busy = any(_cmdline(p).startswith("ray::_Agent.measure") for p in cluster.processes(node))
                 if len(rows) >= results and busy:
                     before.update(rows)

@@ -275,13 +275,6 @@ void put_u64(std::string& out, std::uint64_t v) {
     for (int k = 0; k < 8; ++k) out.push_back(static_cast<char>((v >> (8 * k)) & 0xff));
 }
 
-// digest._tensor_type_bytes: u32 elem, u32 rank, i64 dims.
-void put_type(std::string& out, const ScanTensorType& t) {
-    put_u32(out, static_cast<std::uint32_t>(t.elem_type));
-    put_u32(out, static_cast<std::uint32_t>(t.shape.size()));
-    for (std::int64_t v : t.shape) put_u64(out, static_cast<std::uint64_t>(v));
-}
-
 // Element values in the canonical form of digest._write_values (little-endian, one NaN).
 void put_value(std::string& out, std::int32_t elem, std::uint64_t bits) {
     switch (elem) {
@@ -598,7 +591,6 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                         Field a;
                         std::optional<Field> t_field, i_field, f_field, ints_field, floats_field;
                         std::vector<Field> ints_fields, floats_fields;
-                        bool other_value = false;
                         Reader ar(d, as);
                         while (ar.next(a)) {
                             switch (a.number) {
@@ -608,7 +600,6 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                                 case attr_f::f: f_field = a; break;
                                 case attr_f::ints: ints_fields.push_back(a); break;
                                 case attr_f::floats: floats_fields.push_back(a); break;
-                                case attr_f::s: case attr_f::strings: case attr_f::sparse_tensor: other_value = true; break;
                                 default: break;
                             }
                         }
@@ -675,7 +666,6 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                             decided = true;
                             if (fallback.empty()) fallback = "a Constant with a sparse or string value";
                         }
-                        (void)other_value;
                     }
                 }
                 node.ins_at = static_cast<std::uint32_t>(pool_.size());
@@ -891,16 +881,16 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     ScanResult res;
     if (heads.size() != head_node.size()) throw std::invalid_argument("finish: one head per head id");
     if (input_shapes.size() != input_ids_.size()) throw std::invalid_argument("finish: one shape per input");
-    const std::size_t n_names = this->n_names();
+    const std::size_t names = n_names();
     TypeTable tt;
     // Concrete type id per name (-1: none known), in onnx_io._Loader._concrete's order
     // of precedence: initializers, Constant nodes, folded Shape/Size, then inference.
-    std::vector<std::int32_t> cid(n_names, -1);
+    std::vector<std::int32_t> cid(names, -1);
 
     // Inferred types, merged as onnx_io._merge_type does: a later entry replaces an
     // earlier one only when strictly more complete (onnx_io._completeness).
     {
-        std::vector<std::int16_t> score(n_names, -1);
+        std::vector<std::int16_t> score(names, -1);
         Reader mr(inferred, 0, inferred_size);
         Field f;
         ScanSpan graph;
@@ -1015,7 +1005,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             }
         }
     }
-    std::vector<std::int32_t> init_of(n_names, -1), const_node_of(n_names, -1);
+    std::vector<std::int32_t> init_of(names, -1), const_node_of(names, -1);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         const Node& n = nodes_[i];
         if (n.is_constant && n.const_typed && !n.outs.empty() && n.outs[0] >= 0) {
@@ -1031,13 +1021,13 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     for (std::size_t k = 0; k < input_ids_.size(); ++k)  // activation inputs: as resolved
         if (input_shapes[k].size() != inputs[k].type.dims.size())
             throw std::invalid_argument("finish: input shape rank differs from the declaration");
-    std::vector<std::int32_t> act(n_names, -1);
+    std::vector<std::int32_t> act(names, -1);
     for (std::size_t k = 0; k < input_ids_.size(); ++k)
         act[input_ids_[k]] = tt.intern(inputs[k].type.elem_type, input_shapes[k].data(), input_shapes[k].size());
 
     // Fold: Shape/Size of typed tensors, and every node whose inputs are all constant.
-    std::vector<std::optional<std::vector<std::int64_t>>> folded(n_names);
-    std::vector<char> is_const(n_names, 0), used(n_names, 0);
+    std::vector<std::optional<std::vector<std::int64_t>>> folded(names);
+    std::vector<char> is_const(names, 0), used(names, 0);
     for (const auto& t : inits_) is_const[t.name] = 1;
     for (std::int32_t o : output_ids_) used[o] = 1;
     for (const auto& n : nodes_)
@@ -1086,7 +1076,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     res.layer_nodes.reserve(n_layers);
     res.digests.reserve(n_layers);
 
-    std::vector<std::pair<std::int32_t, std::int32_t>> produced_by(n_names, {-1, -1});
+    std::vector<std::pair<std::int32_t, std::int32_t>> produced_by(names, {-1, -1});
     std::string buf;
     // Identical layers have identical canonical bytes: hash each distinct form once
     // (the index's lookup hash is far cheaper than BLAKE2b).

@@ -51,6 +51,7 @@ def assert_same(fast, full) -> None:
         assert getattr(fast, k).dtype == np.int32
     assert fast.inputs == full.inputs and fast.outputs == full.outputs
     assert dlbricks.model.layer_kinds(fast.layers) == [layer.kind for layer in full.layers]
+    assert dlbricks.model.layer_names(fast.layers) == [layer.name for layer in full.layers]
 
 
 def shipped_models() -> list[Path]:
@@ -321,3 +322,14 @@ def test_a_name_that_is_not_utf8_is_a_one_line_model_error(tmp_path):
     with pytest.raises(ModelError) as err:
         onnx_io.load(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_sketch_for_scale_out_needs_no_layer_objects():
+    from dlbricks.distributed import sketch
+
+    path = DATA / "light" / "light_inception_v1.onnx"
+    model = onnx_io.load(path)
+    s = sketch(model)
+    assert not model.layers.is_materialized
+    full = full_load(path)
+    assert [(x.name, x.kind) for x in s.layers] == [(layer.name, layer.kind) for layer in full.layers]

@@ -315,6 +315,9 @@ PYBIND11_MODULE(_core, m) {
                 for (const auto& t : r.output_types) outputs.append(type_or_none(t));
                 out["output_types"] = outputs;
                 out["layer_nodes"] = to_numpy(std::move(r.layer_nodes));
+                // One bytes object for all names: decoded only if someone asks for them.
+                out["layer_names"] = py::bytes(r.layer_names);
+                out["layer_name_ends"] = to_numpy(std::move(r.layer_name_ends));
                 out["digests"] = digests_to_numpy(std::move(r.digests));
                 out["edge_src"] = to_numpy(std::move(r.edge_src));
                 out["edge_src_slot"] = to_numpy(std::move(r.edge_src_slot));

@@ -19,7 +19,7 @@ namespace opset_f { constexpr unsigned domain = 1, version = 2; }
 namespace graph_f {
 constexpr unsigned node = 1, name = 2, initializer = 5, input = 11, output = 12, value_info = 13, sparse = 15;
 }
-namespace node_f { constexpr unsigned input = 1, output = 2, op_type = 4, attribute = 5, domain = 7; }
+namespace node_f { constexpr unsigned input = 1, output = 2, name = 3, op_type = 4, attribute = 5, domain = 7; }
 namespace attr_f {
 constexpr unsigned name = 1, f = 2, i = 3, s = 4, t = 5, g = 6, floats = 7, ints = 8, strings = 9, graphs = 11,
                    type = 20, ref_attr_name = 21, sparse_tensor = 22;
@@ -549,6 +549,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                         case node_f::domain:
                             domain.assign(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size());
                             break;
+                        case node_f::name: node.name = g.payload; break;
                         case node_f::attribute: {
                             head_key.append(reinterpret_cast<const char*>(d + g.whole.begin), g.whole.size());
                             attrs.push_back(g.payload);
@@ -1173,6 +1174,8 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         }
         for (std::size_t slot = 0; slot < n.outs.size(); ++slot)
             if (n.outs[slot] >= 0) produced_by[n.outs[slot]] = {idx, static_cast<std::int32_t>(slot)};
+        res.layer_names.append(reinterpret_cast<const char*>(d + n.name.begin), n.name.end <= size ? n.name.size() : 0);
+        res.layer_name_ends.push_back(static_cast<std::int64_t>(res.layer_names.size()));
         put_u32(buf, 0);  // no outer references: no subgraphs on this path
         bool new_form;
         const std::int32_t form = forms.intern(buf.data(), buf.size(), new_form);

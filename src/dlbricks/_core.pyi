@@ -90,6 +90,8 @@ class _ScanResult(TypedDict, total=False):
     fallback: str  # always present; the other keys only when it is ""
     output_types: list[tuple[int, tuple[int, ...]]]
     layer_nodes: npt.NDArray[np.int32]
+    layer_names: bytes
+    layer_name_ends: npt.NDArray[np.int64]
     digests: npt.NDArray[np.uint8]
     edge_src: npt.NDArray[np.int32]
     edge_src_slot: npt.NDArray[np.int32]

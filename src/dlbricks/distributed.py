@@ -73,7 +73,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dlbricks.model import DlbricksError, ModelError, UsageError
+from dlbricks.model import DlbricksError, ModelError, UsageError, layer_kinds, layer_names
 from dlbricks.pipeline import BenchSummary
 
 __all__ = [
@@ -218,7 +218,8 @@ def sketch(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) 
     return ModelSketch(
         name=model.name,
         path=model.path,
-        layers=tuple(LayerSketch(layer.name, layer.kind) for layer in model.layers),
+        # Names and kinds without building Layer objects (a fast-loaded model has them lazily).
+        layers=tuple(LayerSketch(n, k) for n, k in zip(layer_names(model.layers), layer_kinds(model.layers))),
         digests=np.ascontiguousarray(model.digests),
         edge_src=np.ascontiguousarray(model.edge_src),
         edge_src_slot=np.ascontiguousarray(model.edge_src_slot),

@@ -111,12 +111,35 @@ class LazyLayers(Sequence[Layer]):
     Pickling materialises the layers, so a pickled model never depends on the file.
     """
 
-    __slots__ = ("kinds", "_build", "_layers")
+    __slots__ = ("kinds", "_build", "_layers", "_names", "_node_names")
 
-    def __init__(self, kinds: list[str], build: Callable[[], list[Layer]]):
+    def __init__(
+        self, kinds: list[str], build: Callable[[], list[Layer]], node_names: Callable[[], list[str]] | None = None
+    ):
         self.kinds = kinds
         self._build = build
         self._layers: list[Layer] | None = None
+        self._node_names = node_names
+        self._names: list[str] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """Each layer's :attr:`Layer.name`, without building the layers."""
+        if self._names is None:
+            if self._node_names is None:
+                self._names = [layer.name for layer in self.materialized()]
+            else:
+                # The loader's rule: the node's name, else op_Index; made unique by suffixes.
+                seen: set[str] = set()
+                names = []
+                for idx, (node_name, kind) in enumerate(zip(self._node_names(), self.kinds)):
+                    name = node_name or f"{kind.rsplit('::', 1)[-1]}_{idx}"
+                    while name in seen:
+                        name = f"{name}_{idx}"
+                    seen.add(name)
+                    names.append(name)
+                self._names = names
+        return self._names
 
     def materialized(self) -> list[Layer]:
         if self._layers is None:
@@ -179,6 +202,11 @@ class LazyMapping(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return repr(self.materialized()) if self._data is not None else "<constants, not built yet>"
+
+
+def layer_names(layers: Sequence[Layer]) -> list[str]:
+    """Each layer's :attr:`Layer.name`, without building lazily loaded layers."""
+    return list(layers.names) if isinstance(layers, LazyLayers) else [layer.name for layer in layers]
 
 
 def layer_kinds(layers: Sequence[Layer]) -> list[str]:

@@ -263,6 +263,14 @@ class _FullModel:
         return {"source": self.source, "label": self.label, "name": self.name, "digests": self.digests, "_model": None}
 
 
+def _split_names(blob: bytes, ends: np.ndarray) -> list[str]:
+    out, start = [], 0
+    for end in ends.tolist():
+        out.append(blob[start:end].decode("utf-8", errors="replace"))
+        start = end
+    return out
+
+
 def _load_fast_proto(proto: onnx.ModelProto, label: str, name: str) -> Model | None:
     """The fast path on an in-memory model: serializing it (in C) is cheaper than
     reading its fields from Python."""
@@ -388,7 +396,7 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
         path=None if isinstance(source, onnx.ModelProto) else os.fspath(source),
         ir_version=int(scan.ir_version),
         opset_imports=opsets,
-        layers=LazyLayers(kinds, full.layers),  # type: ignore[arg-type]
+        layers=LazyLayers(kinds, full.layers, functools.partial(_split_names, res["layer_names"], res["layer_name_ends"])),  # type: ignore[arg-type]
         inputs=[(n_, tts[(e, s)]) for n_, e, s in act_inputs],
         outputs=outputs,
         edge_src=res["edge_src"],

@@ -21,7 +21,7 @@ import numpy as np
 
 from dlbricks.corpus import Corpus
 from dlbricks.graph import SEQUENCE_DIGEST_VERSION, critical_path, sequence_graph
-from dlbricks.model import DlbricksError, Model
+from dlbricks.model import DlbricksError, Model, layer_kinds
 
 
 def brick_digest_version() -> int:
@@ -198,8 +198,11 @@ def bench(
     if bricks:
         catalogue = unique_bricks(models, Gs)
         summary.bricks_total = len(catalogue)
+        # Kinds without building Layer objects: a fast-loaded model builds them only if
+        # one of its bricks has to be written.
+        kinds = {id(m): layer_kinds(m.layers) for m in models}
         store.put_bricks(
-            (d, bver, {"g": G, "op_types": [model.layers[i].kind for i in members],
+            (d, bver, {"g": G, "op_types": [kinds[id(model)][i] for i in members],
                        "meta": {"source_model": model.name, "layers": len(members)}})
             for d, (model, members, G) in catalogue.items()
         )

@@ -98,6 +98,8 @@ struct ScanResult {
     std::vector<Digest128> digests;            // one per layer
     std::vector<std::int32_t> edge_src, edge_src_slot, edge_dst, edge_dst_slot;
     std::vector<ScanTensorType> output_types;  // one per graph output
+    std::string layer_names;                   // node names of the layers, back to back
+    std::vector<std::int64_t> layer_name_ends;  // layer i's is [ends[i-1], ends[i])
 };
 
 class OnnxScan {
@@ -160,6 +162,7 @@ public:
         std::uint32_t ins_at = 0, outs_at = 0;  // offsets into the pool while parsing
         std::int32_t op_key = 0, head = 0;
         ScanSpan span;
+        ScanSpan name;  // the node's name (may be empty)
         bool is_constant = false, is_shape = false, is_size = false;
         // Constant nodes: the output type and where the value comes from.
         bool const_typed = false;

@@ -605,8 +605,7 @@ def bench_on_ray(
         DlbricksError: no node can time (none offers the timing resource or matches
             the targets, or no agent started within ``start_timeout_s``).
     """
-    from dlbricks.bricks import model_digest
-    from dlbricks.pipeline import _Progress, brick_digest_version, model_digest_version, unique_bricks
+    from dlbricks.pipeline import _Progress, brick_digest_version, model_digest_version, plan_work
     from dlbricks.sysinfo import fingerprint_id
     from dlbricks.timing import Failure, Measurement
 
@@ -624,23 +623,17 @@ def bench_on_ray(
 
     # The work, independent of systems: (kind, digest, version, payload for the agent).
     catalogue: list[tuple[str, str, int, dict[str, Any]]] = []
-    if bricks:
-        found = unique_bricks(models, Gs)
-        summary.bricks_total = len(found)
-        for d, (model, members, G) in found.items():
-            store.put_brick(d, bver, g=G, op_types=[model.layers[i].kind for i in members],
-                            meta={"source_model": model.name, "layers": len(members)})
-            payload = {"kind": "brick", "digest": d, "path": model.path, "input_shapes": model.input_shapes,
-                       "members": [int(i) for i in members], "G": int(G),
-                       "expect": np.ascontiguousarray(model.digests[members]).tobytes().hex()}
-            catalogue.append(("brick", d, bver, payload))
+    for w in plan_work(models, Gs, store, bricks=bricks, e2e=e2e):
+        m = w.model
+        payload: dict[str, Any] = {"kind": w.kind, "digest": w.digest, "path": m.path,
+                                   "input_shapes": m.input_shapes, "G": int(w.G)}
+        if w.members is not None:
+            payload["members"] = [int(i) for i in w.members]
+            payload["expect"] = np.ascontiguousarray(m.digests[w.members]).tobytes().hex()
+        catalogue.append((w.kind, w.digest, w.version, payload))
+    summary.bricks_total = sum(k == "brick" for k, _, _, _ in catalogue)
     if e2e:
-        whole = {model_digest(m): m for m in models}
         summary.models_total = len(models)
-        for d, m in whole.items():
-            store.put_model(d, mver, name=m.name, meta={"path": m.path, "layers": m.n_layers})
-            catalogue.append(("model", d, mver, {"kind": "model", "digest": d, "path": m.path,
-                                                 "input_shapes": m.input_shapes, "G": 0}))
     for _, _, _, p in catalogue:
         if not p["path"]:
             raise DlbricksError("a model without a file path cannot be benchmarked on Ray (nodes load it by path)")

@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -139,6 +139,56 @@ def unique_bricks(models: Sequence[Model], Gs: Sequence[int]) -> dict[str, tuple
     return out
 
 
+@dataclass(frozen=True)
+class WorkItem:
+    """One thing to time: a unique brick (``members`` of ``model``, first seen at ``G``)
+    or a whole model (``members`` None, ``G`` 0), keyed by ``digest`` and ``version``."""
+
+    kind: str  # "brick" | "model"
+    digest: str
+    version: int
+    model: Any  # a Model, or anything with the same digests/layers (distributed.ModelSketch)
+    members: np.ndarray | None
+    G: int
+
+
+def plan_work(
+    models: Sequence[Any],
+    Gs: Sequence[int],
+    store: "Store",
+    *,
+    bricks: bool = True,
+    e2e: bool = False,
+    e2e_models: Sequence[Any] | None = None,
+) -> list[WorkItem]:
+    """The unique bricks (and with ``e2e`` the whole models) of a corpus, registered in
+    the store's catalogue; what is already measured is for the caller to ask the store,
+    per system (:meth:`Store.missing`). Used by :func:`bench` and by the Ray driver.
+    """
+    from dlbricks.bricks import model_digest
+
+    items: list[WorkItem] = []
+    if bricks:
+        bver = brick_digest_version()
+        catalogue = unique_bricks(models, Gs)
+        # Kinds without building Layer objects: a fast-loaded model builds them only if
+        # one of its bricks has to be written.
+        kinds = {id(m): layer_kinds(m.layers) for m in models}
+        store.put_bricks(
+            (d, bver, {"g": G, "op_types": [kinds[id(model)][i] for i in members],
+                       "meta": {"source_model": model.name, "layers": len(members)}})
+            for d, (model, members, G) in catalogue.items()
+        )
+        items += [WorkItem("brick", d, bver, m, members, G) for d, (m, members, G) in catalogue.items()]
+    if e2e:
+        mver = model_digest_version()
+        whole = {model_digest(m): m for m in (e2e_models if e2e_models is not None else models)}
+        for d, m in whole.items():
+            store.put_model(d, mver, name=m.name, meta={"path": m.path, "layers": m.n_layers})
+        items += [WorkItem("model", d, mver, m, None, 0) for d, m in whole.items()]
+    return items
+
+
 def bench(
     models: Sequence[Model],
     Gs: Sequence[int],
@@ -181,7 +231,7 @@ def bench(
     Returns:
         a :class:`BenchSummary`.
     """
-    from dlbricks.bricks import model_digest, whole_model, write_brick
+    from dlbricks.bricks import whole_model, write_brick
     from dlbricks.sysinfo import fingerprint_id, system_fingerprint
     from dlbricks.workers import Job
 
@@ -194,31 +244,18 @@ def bench(
     bver = brick_digest_version()
     mver = model_digest_version()
 
-    todo: list[tuple[str, str, Model, np.ndarray | None, int]] = []  # (kind, digest, model, members, G)
-    if bricks:
-        catalogue = unique_bricks(models, Gs)
-        summary.bricks_total = len(catalogue)
-        # Kinds without building Layer objects: a fast-loaded model builds them only if
-        # one of its bricks has to be written.
-        kinds = {id(m): layer_kinds(m.layers) for m in models}
-        store.put_bricks(
-            (d, bver, {"g": G, "op_types": [kinds[id(model)][i] for i in members],
-                       "meta": {"source_model": model.name, "layers": len(members)}})
-            for d, (model, members, G) in catalogue.items()
-        )
-        wanted = list(catalogue)
-        missing = set(wanted if force else store.missing("brick", wanted, bver, system_id, config_key, retry_failed=retry_failed))
-        summary.bricks_reused = len(wanted) - len(missing)
-        todo += [("brick", d, catalogue[d][0], catalogue[d][1], catalogue[d][2]) for d in wanted if d in missing]
+    items = plan_work(models, Gs, store, bricks=bricks, e2e=e2e, e2e_models=e2e_models)
+    summary.bricks_total = sum(w.kind == "brick" for w in items)
     if e2e:
-        whole = list(e2e_models) if e2e_models is not None else list(models)
-        digests = {model_digest(m): m for m in whole}
-        summary.models_total = len(whole)
-        for d, m in digests.items():
-            store.put_model(d, mver, name=m.name, meta={"path": m.path, "layers": m.n_layers})
-        missing = set(digests if force else store.missing("model", list(digests), mver, system_id, config_key, retry_failed=retry_failed))
-        summary.models_reused = len(digests) - len(missing)
-        todo += [("model", d, m, None, 0) for d, m in digests.items() if d in missing]
+        summary.models_total = len(e2e_models if e2e_models is not None else models)
+    todo: list[WorkItem] = []
+    for kind, version in (("brick", bver), ("model", mver)):
+        wanted = [w.digest for w in items if w.kind == kind]
+        if not wanted:
+            continue
+        missing = set(wanted if force else store.missing(kind, wanted, version, system_id, config_key, retry_failed=retry_failed))
+        setattr(summary, f"{kind}s_reused", len(wanted) - len(missing))
+        todo += [w for w in items if w.kind == kind and w.digest in missing]
 
     tmp_ctx = tempfile.TemporaryDirectory(prefix="dlbricks-bricks-") if workdir is None else contextlib.nullcontext(str(workdir))
     with tmp_ctx as wd, _Progress(progress, "benchmarking") as bar:
@@ -227,9 +264,10 @@ def bench(
         gen_time = [0.0]
         jobs_meta: dict[str, tuple[str, str]] = {}
 
-        def job_stream(items: Sequence[tuple[str, str, Model, np.ndarray | None, int]]) -> Iterator[Job]:
+        def job_stream(work: Sequence[WorkItem]) -> Iterator[Job]:
             # Generated lazily, between timings: the parent stays idle while a brick runs.
-            for kind, d, model, members, G in items:
+            for w in work:
+                kind, d, model, members, G = w.kind, w.digest, w.model, w.members, w.G
                 t0 = time.perf_counter()
                 path = out / kind / f"{d}.onnx"
                 if kind == "brick":

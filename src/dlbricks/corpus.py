@@ -111,6 +111,7 @@ class Corpus:
         self._src_slot = cat("edge_src_slot", np.int32, default_zero=True)
         self._dst_slot = cat("edge_dst_slot", np.int32, default_zero=True)
         self._splits: dict[int, CorpusSplit] = {}
+        self._distinct: dict[int | None, np.ndarray] = {}
         self._layer_ids: np.ndarray | None = None
         self._unique_layer_first: np.ndarray | None = None
 
@@ -209,11 +210,28 @@ class Corpus:
         """(m, m) Jaccard similarity of the models' layer sets."""
         return _core.jaccard_matrix(self.node_offsets, self.layer_ids)
 
+    def _distinct_per_model(self, key: int | None) -> np.ndarray:
+        """Distinct layer ids (key None) or unique-sequence ids at G=key, per model,
+        for all models in one pass (cached)."""
+        cached = self._distinct.get(key)
+        if cached is None:
+            if key is None:
+                ids, offsets = self.layer_ids, self.node_offsets
+            else:
+                sp = self.split(key)
+                ids, offsets = sp.seq_ids, sp.seq_model_offsets
+            m = len(offsets) - 1
+            span = int(ids.max()) + 1 if ids.size else 1
+            model = np.repeat(np.arange(m, dtype=np.int64), np.diff(offsets))
+            pairs = np.unique(model * span + ids.astype(np.int64))
+            cached = self._distinct[key] = np.bincount(pairs // span, minlength=m)
+        return cached
+
     def model_stats(self, i: int, Gs: Sequence[int] = (1,)) -> dict:
         """Statistics of model ``i``: layers, unique layers, sequences per G, repeated types."""
         ids = self.model_layer_ids(i)
         n = int(ids.shape[0])
-        unique = int(np.unique(ids).shape[0])
+        unique = int(self._distinct_per_model(None)[i])
         stats: dict = {
             "name": self.names[i],
             "layers": n,
@@ -224,8 +242,10 @@ class Corpus:
         }
         for G in Gs:
             sp = self.split(G)
-            seq = sp.model_seq_ids(i)
-            stats["sequences"][str(G)] = {"sequences": int(seq.shape[0]), "unique_sequences": int(np.unique(seq).shape[0])}
+            stats["sequences"][str(G)] = {
+                "sequences": int(sp.seq_model_offsets[i + 1] - sp.seq_model_offsets[i]),
+                "unique_sequences": int(self._distinct_per_model(min(int(G), _MAX_G))[i]),
+            }
         layers = getattr(self.graphs[i], "layers", None)
         if layers is not None and n:
             # A repeat is every occurrence of a layer after its first within the model.

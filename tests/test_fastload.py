@@ -100,6 +100,15 @@ def test_a_fast_model_pickles_with_its_layers_and_reads_constant_values(tmp_path
     assert dict(model.constant_types) == dict(full.constant_types)
 
 
+def test_layers_are_built_from_the_same_file_after_a_change_of_directory(tmp_path, monkeypatch):
+    (tmp_path / "m.onnx").write_bytes((DATA / "light" / "light_squeezenet.onnx").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    model = onnx_io.load("m.onnx")
+    assert model.path == "m.onnx"
+    monkeypatch.chdir(DATA)
+    assert len(list(model.layers)) == model.n_layers
+
+
 def test_a_file_rewritten_after_fast_loading_is_detected(tmp_path):
     path = tmp_path / "m.onnx"
     path.write_bytes((DATA / "light" / "light_squeezenet.onnx").read_bytes())
@@ -333,3 +342,22 @@ def test_a_sketch_for_scale_out_needs_no_layer_objects():
     assert not model.layers.is_materialized
     full = full_load(path)
     assert [(x.name, x.kind) for x in s.layers] == [(layer.name, layer.kind) for layer in full.layers]
+
+
+def test_external_weights_are_never_read_by_the_fast_path(tmp_path):
+    rng = np.random.default_rng(0)
+    w = nh.from_array(rng.normal(size=(64, 64, 3, 3)).astype(np.float32), "w")
+    shape = nh.from_array(np.array([1, -1], np.int64), "s")
+    proto = _model(
+        [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Reshape", ["c", "s"], ["y"])],
+        [_vi("x", [1, 64, 8, 8])], [_vi("y", None)], [w, shape],
+    )
+    path = tmp_path / "ext.onnx"
+    onnx.save(proto, path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
+              size_threshold=1024)
+    (tmp_path / "w.bin").unlink()  # analysis must not need it
+    model = onnx_io.load(path)
+    assert is_fast(model)
+    assert_same(model, full_load(path))
+    with pytest.raises(ModelError, match="not found"):
+        model.constant_value("w")  # the weight's value is what needs the file

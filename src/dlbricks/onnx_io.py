@@ -243,9 +243,10 @@ class _FullModel:
                 else:
                     model = _load_file(self.source, self.label, self.name, None)
             if not np.array_equal(model.digests, self.digests):
+                what = "ModelProto" if isinstance(self.source, onnx.ModelProto) else "file"
                 raise ModelError(
                     f"{self.label}: the model's layers no longer match its analysis "
-                    "(was the file changed since it was loaded?)"
+                    f"(was the {what} changed since it was loaded?)"
                 )
             self._model = model
         return self._model
@@ -382,7 +383,8 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
 
     kinds = [op_names[node_op_key[i]] for i in res["layer_nodes"].tolist()]
     digests = res["digests"]
-    full = _FullModel(source, label, name, digests)
+    # Absolute: the layers may be built after the caller has changed directory.
+    full = _FullModel(source if isinstance(source, onnx.ModelProto) else source.absolute(), label, name, digests)
     tts: dict[tuple[int, tuple[int, ...]], TensorType] = {}
     for n_, e, s in act_inputs:
         tts.setdefault((e, s), TensorType(e, s))

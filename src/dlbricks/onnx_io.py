@@ -393,12 +393,13 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
         outputs.append((out_name, tts.setdefault((e, s), TensorType(e, s))))
     for note in notes:
         warnings.warn(note, DlbricksWarning, stacklevel=4)
+    names = functools.partial(_split_names, res["layer_names"], res["layer_name_ends"])
     return Model(
         name=name,
         path=None if isinstance(source, onnx.ModelProto) else os.fspath(source),
         ir_version=int(scan.ir_version),
         opset_imports=opsets,
-        layers=LazyLayers(kinds, full.layers, functools.partial(_split_names, res["layer_names"], res["layer_name_ends"])),  # type: ignore[arg-type]
+        layers=LazyLayers(kinds, full.layers, names),  # type: ignore[arg-type]
         inputs=[(n_, tts[(e, s)]) for n_, e, s in act_inputs],
         outputs=outputs,
         edge_src=res["edge_src"],

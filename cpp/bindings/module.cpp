@@ -244,7 +244,6 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("op_keys", &OnnxScan::op_keys)
         .def_readonly("head_node", &OnnxScan::head_node)
         .def_readonly("output_names", &OnnxScan::output_names)
-        .def_property_readonly("n_nodes", &OnnxScan::n_nodes)
         .def_property_readonly("node_op_key", [](const OnnxScan& s) { return to_numpy(std::vector<std::int32_t>(s.node_op_key)); })
         .def_property_readonly("inputs",
                                [](const OnnxScan& s) {
@@ -257,20 +256,6 @@ PYBIND11_MODULE(_core, m) {
                                    }
                                    return out;
                                })
-        .def(
-            "node_bytes",
-            [](const OnnxScan& s, py::buffer data, std::size_t i) {
-                py::buffer_info info;
-                Bytes b = view_bytes(data, info);
-                ScanSpan sp = s.node_span(i);
-                if (sp.end > b.size) throw std::invalid_argument("node_bytes: not the bytes the scan was made from");
-                // The span holds the field's tag and length; skip them to get the NodeProto.
-                std::uint64_t p = sp.begin + 1;
-                while (p < sp.end && (b.data[p] & 0x80)) ++p;
-                ++p;
-                return py::bytes(reinterpret_cast<const char*>(b.data + p), static_cast<std::size_t>(sp.end - p));
-            },
-            py::arg("data"), py::arg("i"))
         .def(
             "node_attributes",
             [](const OnnxScan& s, py::buffer data, std::size_t i) {

@@ -475,11 +475,6 @@ std::string OnnxScan::node_attributes(const std::uint8_t* d, std::size_t i) cons
     return out;
 }
 
-const std::string& OnnxScan::node_op_type(std::size_t i) const {
-    if (i >= nodes_.size()) throw std::out_of_range("node index out of range");
-    return op_keys[static_cast<std::size_t>(nodes_[i].op_key)].second;
-}
-
 OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
     Reader r(d, 0, size);
     Field f;
@@ -935,71 +930,29 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                 }
                 seen_score.push_back(-1);
                 seen_cid.push_back(-1);
-                // parse_type without allocating: this runs once per inferred value.
-                std::int32_t elem = 0;
-                bool tensor = false, has_shape = false, all_known = false;
-                int sc = 0;
-                {
-                    Reader tr(inferred, type_span);
-                    Field tf;
-                    while (tr.next(tf)) {
-                        if (tf.wire != 2) continue;
-                        if (tf.number != type_f::tensor) {
-                            if (tf.number == type_f::sequence || tf.number == type_f::map ||
-                                tf.number == type_f::sparse || tf.number == type_f::optional)
-                                tensor = false;
-                            continue;
-                        }
-                        tensor = true;
-                        elem = 0;
-                        has_shape = false;
-                        dims.clear();
-                        Reader er(inferred, tf.payload);
-                        Field g2;
-                        while (er.next(g2)) {
-                            if (g2.tag == tag(tensor_type_f::elem_type, 0)) {
-                                elem = static_cast<std::int32_t>(g2.value);
-                            } else if (g2.tag == tag(tensor_type_f::shape, 2)) {
-                                has_shape = true;
-                                dims.clear();
-                                Reader sr(inferred, g2.payload);
-                                Field h;
-                                while (sr.next(h)) {
-                                    if (h.tag != tag(1, 2)) continue;
-                                    std::int64_t v = kUnknownDim;
-                                    Reader dr(inferred, h.payload);
-                                    Field k;
-                                    while (dr.next(k)) {  // a oneof: the last one written wins
-                                        if (k.tag == tag(dim_f::value, 0)) {
-                                            const auto x = static_cast<std::int64_t>(k.value);
-                                            v = x >= 0 ? x : kUnknownDim;
-                                        } else if (k.tag == tag(dim_f::param, 2)) {
-                                            v = kUnknownDim;
-                                            if (k.payload.size() && !dim_subst.empty()) {
-                                                auto it = dim_subst.find(text(inferred, k.payload));
-                                                if (it != dim_subst.end()) v = it->second;
-                                            }
-                                        }
-                                    }
-                                    dims.push_back(v);
-                                }
-                            }
-                        }
-                    }
-                }
-                if (!tensor) continue;  // non-tensor types never make a name concrete
-                sc = elem ? 1 : 0;
-                all_known = has_shape;
-                if (has_shape) {
+                // Each distinct TypeProto is parsed once (the cache above).
+                const ScanType type = parse_type(inferred, type_span);
+                if (type.kind != 1) continue;  // non-tensor types never make a name concrete
+                dims.clear();
+                int sc = type.elem_type ? 1 : 0;
+                bool all_known = type.has_shape;
+                if (type.has_shape) {
                     sc += 1;
-                    for (std::int64_t v : dims) {
+                    for (const ScanDim& dim : type.dims) {
+                        std::int64_t v = kUnknownDim;  // onnx_io._parse_type's rule
+                        if (dim.kind == 1 && dim.value >= 0) {
+                            v = dim.value;
+                        } else if (dim.kind == 2 && !dim.param.empty()) {
+                            auto it = dim_subst.find(dim.param);
+                            if (it != dim_subst.end()) v = it->second;
+                        }
                         if (v == kUnknownDim) all_known = false; else sc += 2;
+                        dims.push_back(v);
                     }
                 }
-                const std::int32_t type_elem = elem;
                 sc = std::min(sc, 32000);
                 seen_score[seen] = sc;
-                seen_cid[seen] = (all_known && type_elem) ? tt.intern(type_elem, dims.data(), dims.size()) : -1;
+                seen_cid[seen] = (all_known && type.elem_type) ? tt.intern(type.elem_type, dims.data(), dims.size()) : -1;
                 if (score[id] >= 0 && sc <= score[id]) continue;
                 score[id] = static_cast<std::int16_t>(sc);
                 cid[id] = seen_cid[seen];

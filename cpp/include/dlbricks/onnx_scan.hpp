@@ -88,7 +88,6 @@ struct ScanInput {
 struct ScanTensorType {
     std::int32_t elem_type = 0;
     std::vector<std::int64_t> shape;
-    bool operator==(const ScanTensorType& o) const { return elem_type == o.elem_type && shape == o.shape; }
 };
 
 /// What `OnnxScan::finish` returns (moved to numpy by the bindings).
@@ -123,13 +122,10 @@ public:
     std::vector<std::int32_t> node_op_key;
     std::vector<ScanInput> inputs;  // activation graph inputs (initializers excluded)
     std::vector<std::string> output_names;
-    std::size_t n_nodes() const { return nodes_.size(); }
-    /// The serialized bytes of node `i` (to build its attributes in Python).
+    /// Where node `i`'s field lies in the model bytes (tag included).
     ScanSpan node_span(std::size_t i) const;
     /// The attribute fields of node `i` as written (tags included). Cost: O(node bytes).
     std::string node_attributes(const std::uint8_t* data, std::size_t i) const;
-    /// The op type and normalised domain of node `i`.
-    const std::string& node_op_type(std::size_t i) const;
 
     /// The weight-free model for shape inference: activation inputs with the given
     /// concrete shapes (same order as `inputs`), initializers and Constant values up to

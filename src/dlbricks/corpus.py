@@ -244,7 +244,7 @@ class Corpus:
             sp = self.split(G)
             stats["sequences"][str(G)] = {
                 "sequences": int(sp.seq_model_offsets[i + 1] - sp.seq_model_offsets[i]),
-                "unique_sequences": int(self._distinct_per_model(min(int(G), _MAX_G))[i]),
+                "unique_sequences": int(self._distinct_per_model(G)[i]),
             }
         layers = getattr(self.graphs[i], "layers", None)
         if layers is not None and n:

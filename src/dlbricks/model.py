@@ -101,6 +101,17 @@ class Layer:
         return [i for i, n in enumerate(self.inputs) if n and i not in self.constants]
 
 
+def unique_layer_name(node_name: str, op_type: str, index: int, taken: set[str]) -> str:
+    """Layer ``index``'s name: its node's, else ``<op_type>_<index>``, suffixed with
+    ``_<index>`` until not in ``taken`` (which it then joins). Node names need not be
+    unique in ONNX; layer names are."""
+    name = node_name or f"{op_type}_{index}"
+    while name in taken:
+        name = f"{name}_{index}"
+    taken.add(name)
+    return name
+
+
 class LazyLayers(Sequence[Layer]):
     """A model's layers, built on first use.
 
@@ -129,16 +140,11 @@ class LazyLayers(Sequence[Layer]):
             if self._node_names is None:
                 self._names = [layer.name for layer in self.materialized()]
             else:
-                # The loader's rule: the node's name, else op_Index; made unique by suffixes.
-                seen: set[str] = set()
-                names = []
-                for idx, (node_name, kind) in enumerate(zip(self._node_names(), self.kinds)):
-                    name = node_name or f"{kind.rsplit('::', 1)[-1]}_{idx}"
-                    while name in seen:
-                        name = f"{name}_{idx}"
-                    seen.add(name)
-                    names.append(name)
-                self._names = names
+                taken: set[str] = set()
+                self._names = [
+                    unique_layer_name(node_name, kind.rsplit("::", 1)[-1], idx, taken)
+                    for idx, (node_name, kind) in enumerate(zip(self._node_names(), self.kinds))
+                ]
         return self._names
 
     def materialized(self) -> list[Layer]:
@@ -211,8 +217,7 @@ def layer_names(layers: Sequence[Layer]) -> list[str]:
 
 def layer_kinds(layers: Sequence[Layer]) -> list[str]:
     """Each layer's :attr:`Layer.kind`, without building lazily loaded layers."""
-    kinds = getattr(layers, "kinds", None)
-    return list(kinds) if kinds is not None else [layer.kind for layer in layers]
+    return list(layers.kinds) if isinstance(layers, LazyLayers) else [layer.kind for layer in layers]
 
 
 @dataclass(slots=True)

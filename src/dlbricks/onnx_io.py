@@ -38,6 +38,7 @@ from dlbricks.model import (
     Model,
     ModelError,
     TensorType,
+    unique_layer_name,
 )
 
 __all__ = ["DlbricksWarning", "MAX_ELEMENTS", "iter_model_paths", "load"]
@@ -1449,10 +1450,7 @@ class _Loader:
             idx = len(layers)
             node_name = node.name
             op_type = ops[i]
-            name = node_name or f"{op_type}_{idx}"
-            while name in seen_names:  # node names need not be unique in ONNX; ours are
-                name = f"{name}_{idx}"
-            seen_names.add(name)
+            name = unique_layer_name(node_name, op_type, idx, seen_names)
             ins, outs = all_ins[i], all_outs[i]
             in_types: list[TensorType | None] = []
             consts: dict[int, ConstInput] = {}

@@ -605,7 +605,7 @@ def bench_on_ray(
         DlbricksError: no node can time (none offers the timing resource or matches
             the targets, or no agent started within ``start_timeout_s``).
     """
-    from dlbricks.pipeline import _Progress, brick_digest_version, model_digest_version, plan_work
+    from dlbricks.pipeline import _Progress, missing_work, plan_work
     from dlbricks.sysinfo import fingerprint_id
     from dlbricks.timing import Failure, Measurement
 
@@ -619,24 +619,23 @@ def bench_on_ray(
         raise UsageError(f"max_attempts must be at least 1, got {max_attempts}")
     config_key = store.put_config(config)
     summary = RayBenchSummary(system_id="", config_key=config_key)
-    bver, mver = brick_digest_version(), model_digest_version()
 
-    # The work, independent of systems: (kind, digest, version, payload for the agent).
-    catalogue: list[tuple[str, str, int, dict[str, Any]]] = []
-    for w in plan_work(models, Gs, store, bricks=bricks, e2e=e2e):
+    # The work, independent of systems, and what each agent is sent for an item.
+    work = plan_work(models, Gs, store, bricks=bricks, e2e=e2e)
+    payloads: dict[tuple[str, str], dict[str, Any]] = {}
+    for w in work:
         m = w.model
+        if not m.path:
+            raise DlbricksError("a model without a file path cannot be benchmarked on Ray (nodes load it by path)")
         payload: dict[str, Any] = {"kind": w.kind, "digest": w.digest, "path": m.path,
                                    "input_shapes": m.input_shapes, "G": int(w.G)}
         if w.members is not None:
             payload["members"] = [int(i) for i in w.members]
             payload["expect"] = np.ascontiguousarray(m.digests[w.members]).tobytes().hex()
-        catalogue.append((w.kind, w.digest, w.version, payload))
-    summary.bricks_total = sum(k == "brick" for k, _, _, _ in catalogue)
+        payloads[(w.kind, w.digest)] = payload
+    summary.bricks_total = sum(w.kind == "brick" for w in work)
     if e2e:
         summary.models_total = len(models)
-    for _, _, _, p in catalogue:
-        if not p["path"]:
-            raise DlbricksError("a model without a file path cannot be benchmarked on Ray (nodes load it by path)")
 
     queues: dict[str, collections.deque[_Item]] = {}
     orphaned_since: dict[str, float] = {}
@@ -660,18 +659,11 @@ def bench_on_ray(
     def add_system(sid: str, fingerprint: Mapping[str, Any]) -> int:
         store.put_system(fingerprint)
         summary.systems[sid] = {"cpu": (fingerprint.get("cpu") or {}).get("model"), "nodes": 0}
-        todo: collections.deque[_Item] = collections.deque()
-        for kind, version in (("brick", bver), ("model", mver)):
-            wanted = [d for k, d, _, _ in catalogue if k == kind]
-            if not wanted:
-                continue
-            missing = set(
-                wanted if force else store.missing(kind, wanted, version, sid, config_key, retry_failed=retry_failed)
-            )
-            count(sid, kind, "reused", len(wanted) - len(missing))
-            todo.extend(_Item(k, d, v, p) for k, d, v, p in catalogue if k == kind and d in missing)
-        queues[sid] = todo
-        return len(todo)
+        items, reused = missing_work(work, store, sid, config_key, force=force, retry_failed=retry_failed)
+        for kind, n in reused.items():
+            count(sid, kind, "reused", n)
+        queues[sid] = collections.deque(_Item(w.kind, w.digest, w.version, payloads[(w.kind, w.digest)]) for w in items)
+        return len(items)
 
     def discover() -> None:
         for node in ray.nodes():

@@ -189,6 +189,31 @@ def plan_work(
     return items
 
 
+def missing_work(
+    items: Sequence[WorkItem],
+    store: "Store",
+    system_id: str,
+    config_key: str,
+    *,
+    force: bool = False,
+    retry_failed: bool = True,
+) -> tuple[list[WorkItem], dict[str, int]]:
+    """The items the store holds no result for on ``system_id`` with ``config_key``
+    (all of them with ``force``), and per kind how many it already holds (reused)."""
+    todo: list[WorkItem] = []
+    reused: dict[str, int] = {}
+    for kind in ("brick", "model"):
+        of_kind = [w for w in items if w.kind == kind]
+        if not of_kind:
+            continue
+        wanted = [w.digest for w in of_kind]
+        version = of_kind[0].version  # one digest version per kind
+        missing = set(wanted if force else store.missing(kind, wanted, version, system_id, config_key, retry_failed=retry_failed))
+        reused[kind] = len(wanted) - len(missing)
+        todo += [w for w in of_kind if w.digest in missing]
+    return todo, reused
+
+
 def bench(
     models: Sequence[Model],
     Gs: Sequence[int],
@@ -248,14 +273,9 @@ def bench(
     summary.bricks_total = sum(w.kind == "brick" for w in items)
     if e2e:
         summary.models_total = len(e2e_models if e2e_models is not None else models)
-    todo: list[WorkItem] = []
-    for kind, version in (("brick", bver), ("model", mver)):
-        wanted = [w.digest for w in items if w.kind == kind]
-        if not wanted:
-            continue
-        missing = set(wanted if force else store.missing(kind, wanted, version, system_id, config_key, retry_failed=retry_failed))
-        setattr(summary, f"{kind}s_reused", len(wanted) - len(missing))
-        todo += [w for w in items if w.kind == kind and w.digest in missing]
+    todo, reused = missing_work(items, store, system_id, config_key, force=force, retry_failed=retry_failed)
+    for kind, n in reused.items():
+        setattr(summary, f"{kind}s_reused", n)
 
     tmp_ctx = tempfile.TemporaryDirectory(prefix="dlbricks-bricks-") if workdir is None else contextlib.nullcontext(str(workdir))
     with tmp_ctx as wd, _Progress(progress, "benchmarking") as bar:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlbricks.commands._common import (
     add_model_args,
@@ -20,6 +22,10 @@ from dlbricks.commands._common import (
     warn,
 )
 from dlbricks.model import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.pipeline import BenchSummary
+    from dlbricks.timing import RunnerConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -73,10 +79,18 @@ def run(args: argparse.Namespace) -> int:
             on_event=warn,
             e2e_models=e2e_models,
         )
-        out = summary.to_dict()
-        out["store"] = str(store.path)
-        out["G"] = Gs
-        out["config"] = config.to_dict()
+    return _report(args, summary, store.path, Gs, config)
+
+
+def _report(
+    args: argparse.Namespace, summary: BenchSummary, store_path: Path, Gs: list[int], config: RunnerConfig, details: str = ""
+) -> int:
+    """Emit a bench summary (local, or Ray's with its per-system ``details``) as text or
+    JSON; returns the exit code."""
+    out = summary.to_dict()
+    out["store"] = str(store_path)
+    out["G"] = Gs
+    out["config"] = config.to_dict()
     text = (
         f"bricks: {summary.bricks_total} unique, {summary.bricks_reused} reused from the store, "
         f"{summary.bricks_measured} measured, {summary.bricks_failed} failed\n"
@@ -86,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             f"models: {summary.models_total}, {summary.models_reused} reused, "
             f"{summary.models_measured} measured, {summary.models_failed} failed\n"
         )
-    text += f"store: {out['store']}  ({summary.wall_s:.1f} s)\n"
+    text += details + f"store: {out['store']}  ({summary.wall_s:.1f} s)\n"
     emit(args, text, out)
     return 1 if summary.bricks_failed or summary.models_failed else 0
 
@@ -131,26 +145,12 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: object) -> int:
             progress=sys.stderr.isatty(),
             on_event=warn,
         )
-        out = summary.to_dict()
-        out["store"] = str(store.path)
-        out["G"] = Gs
-        out["config"] = config.to_dict()  # type: ignore[attr-defined]
-    text = (
-        f"bricks: {summary.bricks_total} unique, {summary.bricks_reused} reused from the store, "
-        f"{summary.bricks_measured} measured, {summary.bricks_failed} failed\n"
-    )
-    if args.e2e:
-        text += (
-            f"models: {summary.models_total}, {summary.models_reused} reused, "
-            f"{summary.models_measured} measured, {summary.models_failed} failed\n"
-        )
+    details = ""
     for sid, per in summary.systems.items():
-        text += (
+        details += (
             f"system {sid} ({per['cpu']}): {per['nodes']} node(s), {per.get('bricks_measured', 0)} measured, "
             f"{per.get('bricks_reused', 0)} reused, {per.get('bricks_failed', 0)} failed\n"
         )
     if summary.nodes_lost:
-        text += f"nodes lost: {summary.nodes_lost}, bricks retried: {summary.retries}, not measured: {summary.lost}\n"
-    text += f"store: {out['store']}  ({summary.wall_s:.1f} s)\n"
-    emit(args, text, out)
-    return 1 if summary.bricks_failed or summary.models_failed else 0
+        details += f"nodes lost: {summary.nodes_lost}, bricks retried: {summary.retries}, not measured: {summary.lost}\n"
+    return _report(args, summary, store.path, Gs, config, details)

@@ -569,6 +569,44 @@ def test_occurrences_sum_to_the_number_of_sequences(graphs: list[Graph], G: int)
 
 
 @SETTINGS
+@given(corpora, st.integers(1, 4), st.data())
+def test_per_model_counts_and_repeats_match_python_sets(graphs: list[Graph], G: int, data: st.DataObject) -> None:
+    # The core counts distinct layers and sequences per model and flags repeats while it
+    # dedups; model_stats builds on them. Kinds are drawn from a small vocabulary so
+    # that ties in the repeat counts occur.
+    kinds = [data.draw(st.lists(st.sampled_from("ABC"), min_size=g.n_layers, max_size=g.n_layers)) for g in graphs]
+
+    class WithLayers:  # a Graph with layers that have a kind, as a Model has
+        def __init__(self, g: Graph, ks: list[str]) -> None:
+            self.digests, self.edge_src, self.edge_dst = g.digests, g.edge_src, g.edge_dst
+            self.edge_src_slot, self.edge_dst_slot = g.edge_src_slot, g.edge_dst_slot
+            self.layers = [type("L", (), {"kind": k})() for k in ks]
+
+    corpus = Corpus([WithLayers(g, ks) for g, ks in zip(graphs, kinds)], names=[f"m{i}" for i in range(len(graphs))])
+    rows = corpus.models_stats([G])
+    for i, (g, ks) in enumerate(zip(graphs, kinds)):
+        layer_digests = [bytes(r) for r in g.digests]
+        seqs = digest_list(split(g, G))
+        seen: set[bytes] = set()
+        repeated: list[str] = []
+        for d, k in zip(layer_digests, ks):
+            if d in seen:
+                repeated.append(k)
+            seen.add(d)
+        want = {
+            "name": f"m{i}",
+            "layers": len(layer_digests),
+            "unique_layers": len(set(layer_digests)),
+            "unique_layer_pct": 100.0 * len(set(layer_digests)) / len(layer_digests) if layer_digests else 0.0,
+            "sequences": {str(G): {"sequences": len(seqs), "unique_sequences": len(set(seqs))}},
+            "repeated_layer_types": dict(Counter(repeated).most_common()),
+        }
+        assert rows[i] == want
+        assert list(rows[i]["repeated_layer_types"]) == list(want["repeated_layer_types"])  # same order
+        assert corpus.model_stats(i, [G]) == want
+
+
+@SETTINGS
 @given(corpora)
 def test_jaccard_matches_python_sets(graphs: list[Graph]) -> None:
     jac = Corpus(graphs).jaccard()

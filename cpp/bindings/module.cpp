@@ -204,6 +204,9 @@ PYBIND11_MODULE(_core, m) {
             out["seq_ids"] = to_numpy(std::move(r.seq_ids));
             out["unique_seq_digests"] = digests_to_numpy(std::move(r.unique_seq_digests));
             out["unique_seq_first"] = to_numpy(std::move(r.unique_seq_first));
+            out["model_unique_layers"] = to_numpy(std::move(r.model_unique_layers));
+            out["model_unique_seqs"] = to_numpy(std::move(r.model_unique_seqs));
+            out["layer_repeats"] = to_numpy(std::move(r.layer_repeats));
             return out;
         },
         py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"),
@@ -244,7 +247,7 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("op_keys", &OnnxScan::op_keys)
         .def_readonly("head_node", &OnnxScan::head_node)
         .def_readonly("output_names", &OnnxScan::output_names)
-        .def_property_readonly("node_op_key", [](const OnnxScan& s) { return to_numpy(std::vector<std::int32_t>(s.node_op_key)); })
+        .def_readonly("head_op_key", &OnnxScan::head_op_key)
         .def_property_readonly("inputs",
                                [](const OnnxScan& s) {
                                    // (name, elem_type, [(kind, value, param)]) per activation input.
@@ -257,17 +260,21 @@ PYBIND11_MODULE(_core, m) {
                                    return out;
                                })
         .def(
-            "node_attributes",
-            [](const OnnxScan& s, py::buffer data, std::size_t i) {
-                // The node's attribute fields, back to back: they parse as a NodeProto
+            "head_attributes",
+            [](const OnnxScan& s, py::buffer data) {
+                // Each head's attribute fields, back to back: they parse as a NodeProto
                 // holding just those attributes, and key the canonical head.
                 py::buffer_info info;
                 Bytes b = view_bytes(data, info);
-                ScanSpan sp = s.node_span(i);
-                if (sp.end > b.size) throw std::invalid_argument("node_attributes: not the bytes the scan was made from");
-                return py::bytes(s.node_attributes(b.data, i));
+                py::list out;
+                for (std::int32_t node : s.head_node) {
+                    if (s.node_span(static_cast<std::size_t>(node)).end > b.size)
+                        throw std::invalid_argument("head_attributes: not the bytes the scan was made from");
+                    out.append(py::bytes(s.node_attributes(b.data, static_cast<std::size_t>(node))));
+                }
+                return out;
             },
-            py::arg("data"), py::arg("i"))
+            py::arg("data"))
         .def(
             "light_model",
             [](const OnnxScan& s, py::buffer data, std::vector<std::vector<std::int64_t>> shapes) {
@@ -300,6 +307,7 @@ PYBIND11_MODULE(_core, m) {
                 for (const auto& t : r.output_types) outputs.append(type_or_none(t));
                 out["output_types"] = outputs;
                 out["layer_nodes"] = to_numpy(std::move(r.layer_nodes));
+                out["layer_op_keys"] = to_numpy(std::move(r.layer_op_keys));
                 // One bytes object for all names: decoded only if someone asks for them.
                 out["layer_names"] = py::bytes(r.layer_names);
                 out["layer_name_ends"] = to_numpy(std::move(r.layer_name_ends));

@@ -85,6 +85,12 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
     // iteration order never shows in the result.
     DigestIndex layer_index, seq_index;
     std::int32_t n_layers = 0, n_seqs = 0;
+    // Per unique id, the last model it occurred in: per-model distinct counts and
+    // repeats in the same pass, without a set per model.
+    std::vector<std::int64_t> layer_last_model, seq_last_model;
+    r.model_unique_layers.assign(static_cast<std::size_t>(c.n_models), 0);
+    r.model_unique_seqs.assign(static_cast<std::size_t>(c.n_models), 0);
+    r.layer_repeats.assign(static_cast<std::size_t>(total_nodes), 0);
 
     for (std::int64_t i = 0; i < c.n_models; ++i) {
         const std::int64_t node_base = c.node_offsets[i];
@@ -100,10 +106,18 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
 
         for (std::int64_t v = 0; v < g.n_nodes; ++v) {
             bool inserted;
-            r.layer_ids[node_base + v] = layer_index.find_or_insert(g.digests[v], n_layers, inserted);
+            const std::int32_t id = layer_index.find_or_insert(g.digests[v], n_layers, inserted);
+            r.layer_ids[node_base + v] = id;
             if (inserted) {
                 ++n_layers;
                 r.unique_layer_first.push_back(node_base + v);
+                layer_last_model.push_back(-1);
+            }
+            if (layer_last_model[id] == i) {
+                r.layer_repeats[node_base + v] = 1;
+            } else {
+                layer_last_model[id] = i;
+                ++r.model_unique_layers[i];
             }
         }
 
@@ -125,6 +139,11 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
                 ++n_seqs;
                 r.unique_seq_digests.push_back(split.digests[s]);
                 r.unique_seq_first.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
+                seq_last_model.push_back(-1);
+            }
+            if (seq_last_model[id] != i) {
+                seq_last_model[id] = i;
+                ++r.model_unique_seqs[i];
             }
             r.seq_ids.push_back(id);
         }

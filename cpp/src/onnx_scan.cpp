@@ -383,66 +383,81 @@ bool tensor_values(const std::uint8_t* d, ScanSpan payload, const ScanTensorType
 // ------------------------------------------------------------------------------ scan
 
 namespace {
-// FNV-1a over 8-byte words, then a final mix: keys are short names and attribute bytes.
+// Multiply-xorshift over 8-byte words (the tail as one zero-padded word; the length is
+// in the seed), then a final mix so that both the low bits (the slot) and the high bits
+// (the check) depend on every byte. Keys are short names and attribute bytes.
 inline std::uint64_t bytes_hash(const char* p, std::size_t n) {
-    std::uint64_t h = 0xcbf29ce484222325ull ^ n;
+    constexpr std::uint64_t kMul = 0x9e3779b97f4a7c15ull;
+    std::uint64_t h = 0x243f6a8885a308d3ull ^ (n * kMul);
     std::size_t k = 0;
     for (; k + 8 <= n; k += 8) {
         std::uint64_t w;
         std::memcpy(&w, p + k, 8);
-        h = (h ^ w) * 0x100000001b3ull;
-        h ^= h >> 29;
+        h = (h ^ w) * kMul;
+        h ^= h >> 32;
     }
-    for (; k < n; ++k) h = (h ^ static_cast<std::uint8_t>(p[k])) * 0x100000001b3ull;
-    return h ^ (h >> 32);
+    if (k < n) {
+        std::uint64_t w = 0;
+        for (unsigned shift = 0; k < n; ++k, shift += 8) w |= static_cast<std::uint64_t>(static_cast<std::uint8_t>(p[k])) << shift;
+        h = (h ^ w) * kMul;
+        h ^= h >> 32;
+    }
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 33);
 }
 }  // namespace
 
-void BytesIndex::grow() {
-    const std::size_t cap = id_.empty() ? 256 : 2 * id_.size();
-    std::vector<std::uint64_t> hashes(cap);
-    std::vector<std::int32_t> ids(cap, -1);
-    for (std::size_t k = 0; k < id_.size(); ++k) {
-        if (id_[k] < 0) continue;
-        std::size_t j = hash_[k] & (cap - 1);
-        while (ids[j] >= 0) j = (j + 1) & (cap - 1);
-        hashes[j] = hash_[k];
-        ids[j] = id_[k];
+void BytesIndex::rehash(std::size_t capacity) {
+    std::vector<Slot> slots(capacity);
+    const std::size_t mask = capacity - 1;
+    for (std::size_t id = 0; id < hash_of_.size(); ++id) {
+        std::size_t j = hash_of_[id] & mask;
+        while (slots[j].id >= 0) j = (j + 1) & mask;
+        slots[j] = Slot{static_cast<std::uint32_t>(hash_of_[id] >> 32), static_cast<std::int32_t>(id)};
     }
-    hash_.swap(hashes);
-    id_.swap(ids);
+    slots_.swap(slots);
+}
+
+void BytesIndex::reserve(std::size_t n) {
+    std::size_t capacity = 256;
+    while (capacity < 2 * n) capacity *= 2;
+    if (capacity > slots_.size()) rehash(capacity);
+    at_.reserve(n + 1);
+    hash_of_.reserve(n);
 }
 
 std::int32_t BytesIndex::intern(const char* p, std::size_t n, bool& inserted) {
-    if (2 * (size() + 1) > id_.size()) grow();  // at most half full
+    if (2 * (size() + 1) > slots_.size()) rehash(slots_.empty() ? 256 : 2 * slots_.size());  // at most half full
     const std::uint64_t h = bytes_hash(p, n);
-    const std::size_t mask = id_.size() - 1;
+    const auto check = static_cast<std::uint32_t>(h >> 32);
+    const std::size_t mask = slots_.size() - 1;
     std::size_t j = h & mask;
-    for (; id_[j] >= 0; j = (j + 1) & mask) {
-        if (hash_[j] != h) continue;
-        const std::string_view have = key(id_[j]);
+    for (; slots_[j].id >= 0; j = (j + 1) & mask) {
+        if (slots_[j].check != check) continue;
+        const std::string_view have = key(slots_[j].id);
         if (have.size() == n && (n == 0 || std::memcmp(have.data(), p, n) == 0)) {
             inserted = false;
-            return id_[j];
+            return slots_[j].id;
         }
     }
     const auto id = static_cast<std::int32_t>(size());
     arena_.append(p, n);
     at_.push_back(arena_.size());
-    hash_[j] = h;
-    id_[j] = id;
+    hash_of_.push_back(h);
+    slots_[j] = Slot{check, id};
     inserted = true;
     return id;
 }
 
 std::int32_t BytesIndex::find(const char* p, std::size_t n) const {
-    if (id_.empty()) return -1;
+    if (slots_.empty()) return -1;
     const std::uint64_t h = bytes_hash(p, n);
-    const std::size_t mask = id_.size() - 1;
-    for (std::size_t j = h & mask; id_[j] >= 0; j = (j + 1) & mask) {
-        if (hash_[j] != h) continue;
-        const std::string_view have = key(id_[j]);
-        if (have.size() == n && (n == 0 || std::memcmp(have.data(), p, n) == 0)) return id_[j];
+    const auto check = static_cast<std::uint32_t>(h >> 32);
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t j = h & mask; slots_[j].id >= 0; j = (j + 1) & mask) {
+        if (slots_[j].check != check) continue;
+        const std::string_view have = key(slots_[j].id);
+        if (have.size() == n && (n == 0 || std::memcmp(have.data(), p, n) == 0)) return slots_[j].id;
     }
     return -1;
 }
@@ -507,12 +522,22 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
 
     std::vector<ScanSpan> input_spans, output_spans;
     BytesIndex op_key_ids, head_ids;
-    // Reused per node so that the common case (a known op, a known head) allocates
-    // nothing but the node's own name lists.
-    std::string head_key, key, op_type, domain;
-    std::vector<ScanSpan> attrs;
+    // Everything that follows from a node's op type, domain and attribute bytes alone
+    // (its op key, whether the fast path handles it, whether it is a Constant, Shape or
+    // Size) is worked out once per distinct head, not once per node.
+    enum : std::uint8_t { kPlain = 0, kConstantNode = 1, kShapeNode = 2, kSizeNode = 3 };
+    struct HeadInfo {
+        std::int32_t op_key;
+        std::uint8_t kind;
+    };
+    std::vector<HeadInfo> head_info;
+    // Reused per node so that the common case (a known head) allocates nothing but the
+    // node's own name lists.
+    std::string key;
+    std::vector<ScanSpan> attr_whole, attrs;  // each attribute field, and its payload
     std::vector<std::int32_t> node_ins, node_outs;
     nodes_.reserve(graph.size() / 48);
+    names_.reserve(graph.size() / 64);  // about one name per 64 graph bytes in real models
     Reader gr(d, graph);
     while (gr.next(f)) {
         if (f.wire != 2) continue;
@@ -520,13 +545,11 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
             case graph_f::node: {
                 Node node;
                 node.span = f.whole;
-                op_type.clear();
-                domain.clear();
-                head_key.clear();
+                ScanSpan op_span, domain_span;
+                attr_whole.clear();
                 attrs.clear();
                 node_ins.clear();
                 node_outs.clear();
-                bool graph_attr = false;
                 Reader nr(d, f.payload);
                 Field g;
                 while (nr.next(g)) {
@@ -538,54 +561,71 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                         case node_f::output:
                             node_outs.push_back(intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size()));
                             break;
-                        case node_f::op_type:
-                            op_type.assign(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size());
-                            break;
-                        case node_f::domain:
-                            domain.assign(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size());
-                            break;
+                        case node_f::op_type: op_span = g.payload; break;
+                        case node_f::domain: domain_span = g.payload; break;
                         case node_f::name: node.name = g.payload; break;
-                        case node_f::attribute: {
-                            head_key.append(reinterpret_cast<const char*>(d + g.whole.begin), g.whole.size());
+                        case node_f::attribute:
+                            attr_whole.push_back(g.whole);
                             attrs.push_back(g.payload);
-                            Reader ar(d, g.payload);
-                            Field a;
-                            while (ar.next(a)) {
-                                if (a.number == attr_f::g || a.number == attr_f::graphs) graph_attr = true;
-                                if (a.tag == tag(attr_f::type, 0) &&
-                                    (a.value == kAttrGraph || a.value == kAttrGraphs))
-                                    graph_attr = true;
-                                if (a.number == attr_f::ref_attr_name) graph_attr = true;  // function bodies only
-                            }
                             break;
-                        }
                         default: break;
                     }
                 }
-                if (domain == "ai.onnx") domain.clear();
-                if (!domain.empty() && fallback.empty()) fallback = "an op of domain '" + domain + "'";
-                if ((graph_attr || op_type == "If" || op_type == "Loop" || op_type == "Scan") && fallback.empty())
-                    fallback = "control flow or a subgraph attribute";
-                key.assign(domain);
-                key.push_back('\0');
-                key += op_type;
+                // The head key: op type and domain (length-prefixed), then the attribute
+                // fields as written.
+                key.clear();
+                put_u32(key, static_cast<std::uint32_t>(op_span.size()));
+                key.append(reinterpret_cast<const char*>(d + op_span.begin), op_span.size());
+                put_u32(key, static_cast<std::uint32_t>(domain_span.size()));
+                key.append(reinterpret_cast<const char*>(d + domain_span.begin), domain_span.size());
+                for (const ScanSpan& w : attr_whole) key.append(reinterpret_cast<const char*>(d + w.begin), w.size());
                 bool inserted;
-                node.op_key = op_key_ids.intern(key.data(), key.size(), inserted);
-                if (inserted) op_keys.emplace_back(domain, op_type);
-                key.assign(reinterpret_cast<const char*>(&node.op_key), sizeof node.op_key);
-                key += head_key;
                 node.head = head_ids.intern(key.data(), key.size(), inserted);
-                if (inserted) head_node.push_back(static_cast<std::int32_t>(nodes_.size()));
-                node_op_key.push_back(node.op_key);
-                if (domain.empty() && (op_type == "Constant" || op_type == "Shape" || op_type == "Size")) {
-                    node.is_constant = op_type == "Constant";
-                    node.is_shape = op_type == "Shape";
-                    node.is_size = op_type == "Size";
+                if (inserted) {
+                    head_node.push_back(static_cast<std::int32_t>(nodes_.size()));
+                    std::string op_type = text(d, op_span), domain = text(d, domain_span);
+                    if (domain == "ai.onnx") domain.clear();
+                    bool graph_attr = false;
+                    for (const ScanSpan& as : attrs) {
+                        Reader ar(d, as);
+                        Field a;
+                        while (ar.next(a)) {
+                            if (a.number == attr_f::g || a.number == attr_f::graphs) graph_attr = true;
+                            if (a.tag == tag(attr_f::type, 0) && (a.value == kAttrGraph || a.value == kAttrGraphs))
+                                graph_attr = true;
+                            if (a.number == attr_f::ref_attr_name) graph_attr = true;  // function bodies only
+                        }
+                    }
+                    if (!domain.empty() && fallback.empty()) fallback = "an op of domain '" + domain + "'";
+                    if ((graph_attr || op_type == "If" || op_type == "Loop" || op_type == "Scan") && fallback.empty())
+                        fallback = "control flow or a subgraph attribute";
+                    std::string op_key = domain;
+                    op_key.push_back('\0');
+                    op_key += op_type;
+                    bool new_op;
+                    HeadInfo info{op_key_ids.intern(op_key.data(), op_key.size(), new_op), kPlain};
+                    if (new_op) op_keys.emplace_back(domain, op_type);
+                    if (domain.empty()) {
+                        if (op_type == "Constant") info.kind = kConstantNode;
+                        if (op_type == "Shape") info.kind = kShapeNode;
+                        if (op_type == "Size") info.kind = kSizeNode;
+                    }
+                    head_info.push_back(info);
+                    head_op_key.push_back(info.op_key);
+                }
+                const HeadInfo info = head_info[static_cast<std::size_t>(node.head)];
+                node.op_key = info.op_key;
+                if (info.kind != kPlain) {
+                    node.is_constant = info.kind == kConstantNode;
+                    node.is_shape = info.kind == kShapeNode;
+                    node.is_size = info.kind == kSizeNode;
+                    node.extra = static_cast<std::int32_t>(extras_.size());
+                    Extra& x = extras_.emplace_back();
                     bool decided = false;  // Constant: the first value attribute wins
                     for (const ScanSpan& as : attrs) {
                         std::string name;
                         Field a;
-                        std::optional<Field> t_field, i_field, f_field, ints_field, floats_field;
+                        std::optional<Field> t_field, i_field, f_field;
                         std::vector<Field> ints_fields, floats_fields;
                         Reader ar(d, as);
                         while (ar.next(a)) {
@@ -600,17 +640,17 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                             }
                         }
                         if (node.is_shape) {
-                            if (name == "start" && i_field) node.shape_start = static_cast<std::int64_t>(i_field->value);
+                            if (name == "start" && i_field) x.shape_start = static_cast<std::int64_t>(i_field->value);
                             if (name == "end" && i_field) {
-                                node.shape_end = static_cast<std::int64_t>(i_field->value);
-                                node.shape_has_end = true;
+                                x.shape_end = static_cast<std::int64_t>(i_field->value);
+                                x.shape_has_end = true;
                             }
                             continue;
                         }
                         if (!node.is_constant || decided) continue;
                         if (name == "value") {
                             decided = true;
-                            node.const_typed = true;  // elem 0 (unknown) without a tensor
+                            x.const_typed = true;  // elem 0 (unknown) without a tensor
                             if (!t_field || t_field->wire != 2) continue;
                             Reader tr(d, t_field->payload);
                             Field tf;
@@ -618,45 +658,45 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                             while (tr.next(tf)) {
                                 if (tf.number == tensor_f::dims)
                                     for_each_varint(d, tf, [&](std::uint64_t v) {
-                                        node.const_type.shape.push_back(static_cast<std::int64_t>(v));
+                                        x.const_type.shape.push_back(static_cast<std::int64_t>(v));
                                     });
                                 else if (tf.tag == tag(tensor_f::data_type, 0))
-                                    node.const_type.elem_type = static_cast<std::int32_t>(tf.value);
+                                    x.const_type.elem_type = static_cast<std::int32_t>(tf.value);
                                 else if (tf.number == tensor_f::segment)
                                     segment = true;
                             }
-                            node.const_kind = segment ? 0 : 1;
-                            node.const_tensor = t_field->payload;
+                            x.const_kind = segment ? 0 : 1;
+                            x.const_tensor = t_field->payload;
                         } else if (name == "value_int" || name == "value_ints") {
                             decided = true;
-                            node.const_typed = true;
-                            node.const_kind = 2;
-                            node.const_type.elem_type = kInt64;
+                            x.const_typed = true;
+                            x.const_kind = 2;
+                            x.const_type.elem_type = kInt64;
                             if (name == "value_int") {
-                                node.const_ints.push_back(i_field ? static_cast<std::int64_t>(i_field->value) : 0);
+                                x.const_ints.push_back(i_field ? static_cast<std::int64_t>(i_field->value) : 0);
                             } else {
-                                for (const Field& x : ints_fields)
-                                    for_each_varint(d, x, [&](std::uint64_t v) {
-                                        node.const_ints.push_back(static_cast<std::int64_t>(v));
+                                for (const Field& y : ints_fields)
+                                    for_each_varint(d, y, [&](std::uint64_t v) {
+                                        x.const_ints.push_back(static_cast<std::int64_t>(v));
                                     });
-                                node.const_type.shape.push_back(static_cast<std::int64_t>(node.const_ints.size()));
+                                x.const_type.shape.push_back(static_cast<std::int64_t>(x.const_ints.size()));
                             }
                         } else if (name == "value_float" || name == "value_floats") {
                             decided = true;
-                            node.const_typed = true;
-                            node.const_kind = 3;
-                            node.const_type.elem_type = kFloat;
+                            x.const_typed = true;
+                            x.const_kind = 3;
+                            x.const_type.elem_type = kFloat;
                             auto add = [&](std::uint64_t v) {
-                                float x;
+                                float fv;
                                 const auto u = static_cast<std::uint32_t>(v);
-                                std::memcpy(&x, &u, 4);
-                                node.const_floats.push_back(x);
+                                std::memcpy(&fv, &u, 4);
+                                x.const_floats.push_back(fv);
                             };
                             if (name == "value_float") {
-                                if (f_field) add(f_field->value); else node.const_floats.push_back(0.0f);
+                                if (f_field) add(f_field->value); else x.const_floats.push_back(0.0f);
                             } else {
-                                for (const Field& x : floats_fields) for_each_fixed(d, x, 4, add);
-                                node.const_type.shape.push_back(static_cast<std::int64_t>(node.const_floats.size()));
+                                for (const Field& y : floats_fields) for_each_fixed(d, y, 4, add);
+                                x.const_type.shape.push_back(static_cast<std::int64_t>(x.const_floats.size()));
                             }
                         } else if (name == "sparse_value" || name == "value_string" || name == "value_strings") {
                             decided = true;
@@ -670,7 +710,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                 node.outs_at = static_cast<std::uint32_t>(pool_.size());
                 node.outs.n = node_outs.size();
                 pool_.insert(pool_.end(), node_outs.begin(), node_outs.end());
-                nodes_.push_back(std::move(node));
+                nodes_.push_back(node);
                 break;
             }
             case graph_f::name: graph_name_ = f.whole; break;
@@ -803,10 +843,11 @@ std::string OnnxScan::light_model(const std::uint8_t* d, std::size_t size,
         }
     }
     for (const auto& n : nodes_) {
-        if (n.is_constant && n.const_typed && !n.outs.empty() && n.outs[0] >= 0) {
-            const std::int64_t b = nbytes(n.const_type);
+        if (n.is_constant && extras_[n.extra].const_typed && !n.outs.empty() && n.outs[0] >= 0) {
+            const ScanTensorType& ct = extras_[n.extra].const_type;
+            const std::int64_t b = nbytes(ct);
             if (b < 0 || b > kInlineBytes) {
-                put_len_field(ins, graph_f::input, value_info(std::string(name(n.outs[0])), n.const_type.elem_type, &n.const_type.shape));
+                put_len_field(ins, graph_f::input, value_info(std::string(name(n.outs[0])), ct.elem_type, &ct.shape));
                 continue;
             }
         }
@@ -962,9 +1003,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     std::vector<std::int32_t> init_of(names, -1), const_node_of(names, -1);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         const Node& n = nodes_[i];
-        if (n.is_constant && n.const_typed && !n.outs.empty() && n.outs[0] >= 0) {
+        if (n.is_constant && extras_[n.extra].const_typed && !n.outs.empty() && n.outs[0] >= 0) {
+            const ScanTensorType& ct = extras_[n.extra].const_type;
             const_node_of[n.outs[0]] = static_cast<std::int32_t>(i);
-            cid[n.outs[0]] = n.const_type.elem_type ? tt.intern(n.const_type) : -1;
+            cid[n.outs[0]] = ct.elem_type ? tt.intern(ct) : -1;
         }
     }
     for (std::size_t k = 0; k < inits_.size(); ++k) {
@@ -1006,7 +1048,8 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                     if (x < 0) x += rank;
                     return std::min(std::max<std::int64_t>(x, 0), rank);
                 };
-                const std::int64_t s = clamp(n.shape_start), e = n.shape_has_end ? clamp(n.shape_end) : rank;
+                const Extra& x = extras_[n.extra];
+                const std::int64_t s = clamp(x.shape_start), e = x.shape_has_end ? clamp(x.shape_end) : rank;
                 for (std::int64_t k = s; k < e; ++k) v.push_back(t.shape[static_cast<std::size_t>(k)]);
                 const std::int64_t len = static_cast<std::int64_t>(v.size());
                 cid[o] = tt.intern(kInt64, &len, 1);
@@ -1028,113 +1071,151 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     }
     if (n_layers == 0) { res.fallback = "no layers"; return res; }
     res.layer_nodes.reserve(n_layers);
+    res.layer_op_keys.reserve(n_layers);
     res.digests.reserve(n_layers);
 
-    std::vector<std::pair<std::int32_t, std::int32_t>> produced_by(names, {-1, -1});
-    std::string buf;
-    // Identical layers have identical canonical bytes: hash each distinct form once
-    // (the index's lookup hash is far cheaper than BLAKE2b).
-    BytesIndex forms;
-    std::vector<Digest128> form_digest;
-    for (std::size_t i = 0; i < nodes_.size(); ++i) {
-        if (!is_layer[i]) continue;
-        const Node& n = nodes_[i];
-        const std::string& op = op_keys[static_cast<std::size_t>(n.op_key)].second;
-        const auto idx = static_cast<std::int32_t>(res.layer_nodes.size());
-        buf = heads[static_cast<std::size_t>(n.head)];
+    // Resize's scales/sizes and Upsample's scales count by value (digest.constant_role).
+    std::vector<std::uint8_t> size_op(op_keys.size(), 0);  // 1 Resize, 2 Upsample
+    for (std::size_t k = 0; k < op_keys.size(); ++k) {
+        if (op_keys[k].first.empty() && op_keys[k].second == "Resize") size_op[k] = 1;
+        if (op_keys[k].first.empty() && op_keys[k].second == "Upsample") size_op[k] = 2;
+    }
+    // The canonical value bytes of param constant t (of type ct); false if they need evaluation.
+    auto write_param_values = [&](std::int32_t t, const ScanTensorType& ct, std::string& out) {
+        if (init_of[t] >= 0) {
+            const auto& init = inits_[init_of[t]];
+            if (init.external || init.span.end > size) return false;
+            Reader ir(d, init.span);
+            Field f;
+            ir.next(f);
+            return tensor_values(d, f.payload, ct, out);
+        }
+        if (const_node_of[t] >= 0) {
+            const Extra& cn = extras_[nodes_[const_node_of[t]].extra];
+            if (cn.const_kind == 1) return cn.const_tensor.end <= size && tensor_values(d, cn.const_tensor, ct, out);
+            if (cn.const_kind == 2) {
+                for (std::int64_t v : cn.const_ints) put_u64(out, static_cast<std::uint64_t>(v));
+                return true;
+            }
+            if (cn.const_kind == 3) {
+                for (float v : cn.const_floats) {
+                    std::uint32_t u;
+                    std::memcpy(&u, &v, 4);
+                    put_value(out, kFloat, u);
+                }
+                return true;
+            }
+            return false;
+        }
+        if (folded[t]) {
+            for (std::int64_t v : *folded[t]) put_u64(out, static_cast<std::uint64_t>(v));
+            return true;
+        }
+        return false;
+    };
+    // Node n's input and output slots after the head: in the canonical form (type bytes,
+    // then the empty outer-reference list) or, for looking forms up, as a compact key
+    // with type ids in place of type bytes. Equal keys mean equal canonical bytes: type
+    // ids are interned from those bytes and param values are written in full. Returns
+    // nullptr, or why the full loader must take over.
+    auto write_slots = [&](const Node& n, bool canonical, std::string& out) -> const char* {
+        auto put_type = [&](std::int32_t type) {
+            if (canonical) out += tt.bytes(type);
+            else put_u32(out, static_cast<std::uint32_t>(type));
+        };
         std::size_t n_in = n.ins.size();
         while (n_in && n.ins[n_in - 1] < 0) --n_in;
-        put_u32(buf, static_cast<std::uint32_t>(n_in));
+        put_u32(out, static_cast<std::uint32_t>(n_in));
         for (std::size_t slot = 0; slot < n_in; ++slot) {
             const std::int32_t t = n.ins[slot];
-            if (t < 0) { buf.push_back(0); continue; }
+            if (t < 0) { out.push_back(0); continue; }
             if (is_const[t]) {
                 const std::int32_t c = cid[t];
-                if (c < 0) { res.fallback = "a constant whose type needs evaluation"; return res; }
-                if (tt.big[c]) { res.fallback = "an absurd shape"; return res; }
+                if (c < 0) return "a constant whose type needs evaluation";
+                if (tt.big[c]) return "an absurd shape";
                 const ScanTensorType& ct = tt.types[c];
                 const std::int64_t ne = tt.numels[c];
-                // digest.constant_role
+                const std::uint8_t so = size_op[static_cast<std::size_t>(n.op_key)];
                 const bool param = ne <= 1 || ((ct.elem_type == kInt32 || ct.elem_type == kInt64) && ne <= kIntParamMax) ||
-                                   (((op == "Resize" && (slot == 1 || slot == 2)) || (op == "Upsample" && slot == 1)) &&
-                                    ne <= kIntParamMax);
-                if (!param) {
-                    buf.push_back(2);
-                    buf += tt.bytes(c);
-                    continue;
-                }
-                buf.push_back(3);
-                buf += tt.bytes(c);
-                bool ok = false;
-                if (init_of[t] >= 0) {
-                    const auto& init = inits_[init_of[t]];
-                    if (!init.external && init.span.end <= size) {
-                        Reader ir(d, init.span);
-                        Field f;
-                        ir.next(f);
-                        ok = tensor_values(d, f.payload, ct, buf);
-                    }
-                } else if (const_node_of[t] >= 0) {
-                    const Node& cn = nodes_[const_node_of[t]];
-                    if (cn.const_kind == 1 && cn.const_tensor.end <= size) {
-                        ok = tensor_values(d, cn.const_tensor, ct, buf);
-                    } else if (cn.const_kind == 2) {
-                        for (std::int64_t v : cn.const_ints) put_u64(buf, static_cast<std::uint64_t>(v));
-                        ok = true;
-                    } else if (cn.const_kind == 3) {
-                        for (float v : cn.const_floats) {
-                            std::uint32_t u;
-                            std::memcpy(&u, &v, 4);
-                            put_value(buf, kFloat, u);
-                        }
-                        ok = true;
-                    }
-                } else if (folded[t]) {
-                    for (std::int64_t v : *folded[t]) put_u64(buf, static_cast<std::uint64_t>(v));
-                    ok = true;
-                }
-                if (!ok) { res.fallback = "a param constant that needs evaluation"; return res; }
+                                   (((so == 1 && (slot == 1 || slot == 2)) || (so == 2 && slot == 1)) && ne <= kIntParamMax);
+                out.push_back(param ? 3 : 2);
+                put_type(c);
+                if (param && !write_param_values(t, ct, out)) return "a param constant that needs evaluation";
                 continue;
             }
             const std::int32_t a = act[t] >= 0 ? act[t] : cid[t];
-            if (a < 0) { res.fallback = "an activation without a concrete type"; return res; }
-            if (tt.big[a]) { res.fallback = "an absurd shape"; return res; }
-            buf.push_back(1);
-            buf += tt.bytes(a);
-            const auto& p = produced_by[t];
-            if (p.first >= 0) {
-                res.edge_src.push_back(p.first);
-                res.edge_src_slot.push_back(p.second);
-                res.edge_dst.push_back(idx);
-                res.edge_dst_slot.push_back(static_cast<std::int32_t>(slot));
-            }
+            if (a < 0) return "an activation without a concrete type";
+            if (tt.big[a]) return "an absurd shape";
+            out.push_back(1);
+            put_type(a);
         }
         std::size_t n_out = n.outs.size();
         while (n_out && n.outs[n_out - 1] < 0) --n_out;
-        put_u32(buf, static_cast<std::uint32_t>(n_out));
+        put_u32(out, static_cast<std::uint32_t>(n_out));
         for (std::size_t slot = 0; slot < n_out; ++slot) {
             const std::int32_t t = n.outs[slot];
-            if (t < 0) { buf.push_back(0); continue; }
+            if (t < 0) { out.push_back(0); continue; }
             const std::int32_t o = cid[t];
             if (o < 0) {
-                if (used[t]) { res.fallback = "a used output without a concrete type"; return res; }
-                buf.push_back(2);
+                if (used[t]) return "a used output without a concrete type";
+                out.push_back(2);
             } else {
-                if (tt.big[o]) { res.fallback = "an absurd shape"; return res; }
-                buf.push_back(1);
-                buf += tt.bytes(o);
+                if (tt.big[o]) return "an absurd shape";
+                out.push_back(1);
+                put_type(o);
             }
+        }
+        if (canonical) put_u32(out, 0);  // no outer references: no subgraphs on this path
+        return nullptr;
+    };
+
+    std::vector<std::pair<std::int32_t, std::int32_t>> produced_by(names, {-1, -1});
+    // Identical layers have identical canonical bytes: each distinct form is hashed once,
+    // found by its compact key. BLAKE2b resumes from the state after the form's head
+    // (absorbed once per head), so a new form costs only its slots.
+    BytesIndex forms;
+    std::vector<Digest128> form_digest;
+    std::vector<Blake2b128> head_state(heads.size());
+    std::vector<char> head_ready(heads.size(), 0);
+    std::string key, tail;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+        if (!is_layer[i]) continue;
+        const Node& n = nodes_[i];
+        const auto idx = static_cast<std::int32_t>(res.layer_nodes.size());
+        key.clear();
+        put_u32(key, static_cast<std::uint32_t>(n.head));
+        if (const char* why = write_slots(n, false, key)) { res.fallback = why; return res; }
+        for (std::size_t slot = 0; slot < n.ins.size(); ++slot) {
+            const std::int32_t t = n.ins[slot];
+            if (t < 0 || is_const[t]) continue;
+            const auto& p = produced_by[t];
+            if (p.first < 0) continue;  // a graph input
+            res.edge_src.push_back(p.first);
+            res.edge_src_slot.push_back(p.second);
+            res.edge_dst.push_back(idx);
+            res.edge_dst_slot.push_back(static_cast<std::int32_t>(slot));
         }
         for (std::size_t slot = 0; slot < n.outs.size(); ++slot)
             if (n.outs[slot] >= 0) produced_by[n.outs[slot]] = {idx, static_cast<std::int32_t>(slot)};
         res.layer_names.append(reinterpret_cast<const char*>(d + n.name.begin), n.name.end <= size ? n.name.size() : 0);
         res.layer_name_ends.push_back(static_cast<std::int64_t>(res.layer_names.size()));
-        put_u32(buf, 0);  // no outer references: no subgraphs on this path
         bool new_form;
-        const std::int32_t form = forms.intern(buf.data(), buf.size(), new_form);
-        if (new_form) form_digest.push_back(digest128(buf.data(), buf.size()));
+        const std::int32_t form = forms.intern(key.data(), key.size(), new_form);
+        if (new_form) {
+            const auto h = static_cast<std::size_t>(n.head);
+            if (!head_ready[h]) {
+                head_state[h].update(heads[h].data(), heads[h].size());
+                head_ready[h] = 1;
+            }
+            Blake2b128 hasher = head_state[h];
+            tail.clear();
+            write_slots(n, true, tail);
+            hasher.update(tail.data(), tail.size());
+            form_digest.push_back(hasher.finish());
+        }
         res.digests.push_back(form_digest[static_cast<std::size_t>(form)]);
         res.layer_nodes.push_back(static_cast<std::int32_t>(i));
+        res.layer_op_keys.push_back(n.op_key);
     }
     for (std::int32_t o : output_ids_) {
         const std::int32_t t = act[o] >= 0 ? act[o] : cid[o];

@@ -26,6 +26,9 @@ class _DedupResult(TypedDict):
     seq_ids: npt.NDArray[np.int32]
     unique_seq_digests: npt.NDArray[np.uint8]
     unique_seq_first: npt.NDArray[np.int64]
+    model_unique_layers: npt.NDArray[np.int64]
+    model_unique_seqs: npt.NDArray[np.int64]
+    layer_repeats: npt.NDArray[np.uint8]
 
 def digest128(data: bytes) -> bytes:
     """BLAKE2b with a 16-byte digest (equals hashlib.blake2b(data, digest_size=16))."""
@@ -90,6 +93,7 @@ class _ScanResult(TypedDict, total=False):
     fallback: str  # always present; the other keys only when it is ""
     output_types: list[tuple[int, tuple[int, ...]]]
     layer_nodes: npt.NDArray[np.int32]
+    layer_op_keys: npt.NDArray[np.int32]
     layer_names: bytes
     layer_name_ends: npt.NDArray[np.int64]
     digests: npt.NDArray[np.uint8]
@@ -113,10 +117,10 @@ class OnnxScan:
     @property
     def output_names(self) -> list[str]: ...
     @property
-    def node_op_key(self) -> npt.NDArray[np.int32]: ...
+    def head_op_key(self) -> list[int]: ...
     @property
     def inputs(self) -> list[tuple[str, int, list[tuple[int, int, str]]]]: ...
-    def node_attributes(self, data: _Buffer, i: int) -> bytes: ...
+    def head_attributes(self, data: _Buffer) -> list[bytes]: ...
     def light_model(self, data: _Buffer, input_shapes: Sequence[Sequence[int]]) -> bytes: ...
     def finish(
         self,

@@ -85,14 +85,12 @@ def analyze(models: Sequence[Model], Gs: Sequence[int] = (1, 2, 3)) -> dict:
     corpus = Corpus(models)
     start = time.perf_counter()
     corpus_stats = corpus.stats(Gs)
-    per_model = []
-    for i, m in enumerate(models):
-        s = corpus.model_stats(i, Gs)
+    per_model = corpus.models_stats(Gs)
+    for s, m in zip(per_model, models):
         s["path"] = m.path
-        per_model.append(s)
     jac = corpus.jaccard()
     core_s = time.perf_counter() - start
-    corpus_stats["jaccard"] = {"names": corpus.names, "matrix": [[round(float(v), 6) for v in row] for row in jac]}
+    corpus_stats["jaccard"] = {"names": corpus.names, "matrix": [[round(v, 6) for v in row] for row in jac.tolist()]}
     return {
         "schema_version": SCHEMA_VERSION,
         "digest_versions": {"layer": LAYER_DIGEST_VERSION, "sequence": SEQUENCE_DIGEST_VERSION},

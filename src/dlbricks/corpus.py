@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -10,7 +9,7 @@ import numpy as np
 
 from dlbricks import _core
 from dlbricks.graph import _MAX_G, GraphLike, Split, _check_graph
-from dlbricks.model import layer_kinds
+from dlbricks.model import layer_kind_codes
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +23,7 @@ class CorpusSplit:
         seq_ids: unique-sequence id of every sequence.
         unique_digests: (U, 16) digests of the unique sequences, first-appearance order.
         unique_first: flat index of each unique sequence's first occurrence.
+        model_unique: distinct sequence ids within each model.
     """
 
     G: int
@@ -33,6 +33,7 @@ class CorpusSplit:
     seq_ids: np.ndarray
     unique_digests: np.ndarray
     unique_first: np.ndarray
+    model_unique: np.ndarray
 
     @property
     def n_unique(self) -> int:
@@ -114,6 +115,9 @@ class Corpus:
         self._distinct: dict[int | None, np.ndarray] = {}
         self._layer_ids: np.ndarray | None = None
         self._unique_layer_first: np.ndarray | None = None
+        self._repeats: list[dict[str, int]] | None = None
+        self._model_unique_layers: np.ndarray | None = None
+        self._layer_repeats: np.ndarray | None = None
 
     # -- layers -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -183,6 +187,8 @@ class Corpus:
                 raise ValueError(self._name_model(str(exc))) from None
             self._layer_ids = r["layer_ids"]
             self._unique_layer_first = r["unique_layer_first"]
+            self._model_unique_layers = r["model_unique_layers"]
+            self._layer_repeats = r["layer_repeats"]
             self._splits[G] = CorpusSplit(
                 G,
                 r["seq_model_offsets"],
@@ -191,6 +197,7 @@ class Corpus:
                 r["seq_ids"],
                 r["unique_seq_digests"],
                 r["unique_seq_first"],
+                r["model_unique_seqs"],
             )
         return self._splits[G]
 
@@ -211,51 +218,76 @@ class Corpus:
         return _core.jaccard_matrix(self.node_offsets, self.layer_ids)
 
     def _distinct_per_model(self, key: int | None) -> np.ndarray:
-        """Distinct layer ids (key None) or unique-sequence ids at G=key, per model,
-        for all models in one pass (cached)."""
-        cached = self._distinct.get(key)
-        if cached is None:
-            if key is None:
-                ids, offsets = self.layer_ids, self.node_offsets
-            else:
-                sp = self.split(key)
-                ids, offsets = sp.seq_ids, sp.seq_model_offsets
-            m = len(offsets) - 1
-            span = int(ids.max()) + 1 if ids.size else 1
-            model = np.repeat(np.arange(m, dtype=np.int64), np.diff(offsets))
-            pairs = np.unique(model * span + ids.astype(np.int64))
-            cached = self._distinct[key] = np.bincount(pairs // span, minlength=m)
-        return cached
+        """Distinct layer ids (key None) or unique-sequence ids at G=key, per model
+        (the core counts them while it dedups)."""
+        if key is None:
+            self.layer_ids  # noqa: B018  (computes on first use)
+            assert self._model_unique_layers is not None
+            return self._model_unique_layers
+        return self.split(key).model_unique
 
     def model_stats(self, i: int, Gs: Sequence[int] = (1,)) -> dict:
         """Statistics of model ``i``: layers, unique layers, sequences per G, repeated types."""
-        ids = self.model_layer_ids(i)
-        n = int(ids.shape[0])
-        unique = int(self._distinct_per_model(None)[i])
-        stats: dict = {
-            "name": self.names[i],
-            "layers": n,
-            "unique_layers": unique,
-            "unique_layer_pct": 100.0 * unique / n if n else 0.0,
-            "sequences": {},
-            "repeated_layer_types": {},
-        }
+        return self.models_stats(Gs, only=i)[0]
+
+    def models_stats(self, Gs: Sequence[int] = (1,), only: int | None = None) -> list[dict]:
+        """:meth:`model_stats` of every model (or just model ``only``), from whole-corpus
+        arrays: per-model Python is only the building of each dict."""
+        rows = range(len(self.graphs)) if only is None else [range(len(self.graphs))[only]]
+        layers = np.diff(self.node_offsets).tolist()
+        unique = self._distinct_per_model(None).tolist()
+        per_G = []
         for G in Gs:
             sp = self.split(G)
-            stats["sequences"][str(G)] = {
-                "sequences": int(sp.seq_model_offsets[i + 1] - sp.seq_model_offsets[i]),
-                "unique_sequences": int(self._distinct_per_model(G)[i]),
-            }
-        layers = getattr(self.graphs[i], "layers", None)
-        if layers is not None and n:
-            # A repeat is every occurrence of a layer after its first within the model.
-            _, first = np.unique(ids, return_index=True)
-            repeat = np.ones(n, dtype=bool)
-            repeat[first] = False
-            kinds = layer_kinds(layers)
-            repeated = Counter([kinds[k] for k in np.flatnonzero(repeat).tolist()])
-            stats["repeated_layer_types"] = dict(repeated.most_common())
-        return stats
+            per_G.append((str(G), np.diff(sp.seq_model_offsets).tolist(), sp.model_unique.tolist()))
+        repeats = self._repeated_kinds()
+        out = []
+        for i in rows:
+            n, u = layers[i], unique[i]
+            out.append(
+                {
+                    "name": self.names[i],
+                    "layers": n,
+                    "unique_layers": u,
+                    "unique_layer_pct": 100.0 * u / n if n else 0.0,
+                    "sequences": {g: {"sequences": seqs[i], "unique_sequences": uniq[i]} for g, seqs, uniq in per_G},
+                    "repeated_layer_types": dict(repeats[i]),
+                }
+            )
+        return out
+
+    def _repeated_kinds(self) -> list[dict[str, int]]:
+        """Per model, the kinds of its repeated layers (every occurrence of a layer after
+        its first within the model) with their counts, most common first and ties in
+        order of first repeat, as Counter.most_common orders them. Models without
+        ``layers`` (plain graphs) have none. All models in one numpy pass (cached)."""
+        if self._repeats is None:
+            m = len(self.graphs)
+            vocab: dict[str, int] = {}
+            parts = []
+            for g, n in zip(self.graphs, np.diff(self.node_offsets).tolist()):
+                layers = getattr(g, "layers", None)
+                if layers is None:
+                    parts.append(np.full(n, -1, dtype=np.int64))
+                    continue
+                table, codes = layer_kind_codes(layers)
+                remap = np.array([vocab.setdefault(k, len(vocab)) for k in table], dtype=np.int64)
+                parts.append(remap[codes] if n else np.empty(0, np.int64))
+            codes = np.concatenate(parts) if parts else np.empty(0, np.int64)
+            out: list[dict[str, int]] = [{} for _ in range(m)]
+            if codes.size and vocab:
+                self.layer_ids  # noqa: B018  (computes on first use)
+                assert self._layer_repeats is not None
+                model = np.repeat(np.arange(m, dtype=np.int64), np.diff(self.node_offsets))
+                pos = np.flatnonzero((codes >= 0) & (self._layer_repeats != 0))
+                k = len(vocab)
+                pairs, first_at, counts = np.unique(model[pos] * k + codes[pos], return_index=True, return_counts=True)
+                order = np.lexsort((pos[first_at], -counts, pairs // k))
+                names = list(vocab)
+                for pair, count in zip(pairs[order].tolist(), counts[order].tolist()):
+                    out[pair // k][names[pair % k]] = count
+            self._repeats = out
+        return self._repeats
 
     def stats(self, Gs: Sequence[int] = (1,)) -> dict:
         """Corpus statistics: totals, unique layers and unique sequences per G."""

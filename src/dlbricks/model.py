@@ -118,20 +118,36 @@ class LazyLayers(Sequence[Layer]):
     The fast loader (:mod:`dlbricks.onnx_io`) computes digests, edges and layer kinds
     without building a :class:`Layer` per node: analysing a corpus needs no more. The
     layers themselves (nodes, types, constants) are built the first time anything
-    reads them. ``kinds`` (each layer's :attr:`Layer.kind`) is available at once.
-    Pickling materialises the layers, so a pickled model never depends on the file.
+    reads them. Each layer's :attr:`Layer.kind` is available at once, as ``kinds`` or,
+    cheaper for statistics, as codes into a table of distinct kinds
+    (:func:`layer_kind_codes`). Pickling materialises the layers, so a pickled model
+    never depends on the file.
     """
 
-    __slots__ = ("kinds", "_build", "_layers", "_names", "_node_names")
+    __slots__ = ("_kind_table", "_kind_codes", "_kinds", "_build", "_layers", "_names", "_node_names")
 
     def __init__(
-        self, kinds: list[str], build: Callable[[], list[Layer]], node_names: Callable[[], list[str]] | None = None
+        self,
+        kind_table: list[str],
+        kind_codes: np.ndarray,
+        build: Callable[[], list[Layer]],
+        node_names: Callable[[], list[str]] | None = None,
     ):
-        self.kinds = kinds
+        self._kind_table = kind_table
+        self._kind_codes = kind_codes
+        self._kinds: list[str] | None = None
         self._build = build
         self._layers: list[Layer] | None = None
         self._node_names = node_names
         self._names: list[str] | None = None
+
+    @property
+    def kinds(self) -> list[str]:
+        """Each layer's :attr:`Layer.kind`, without building the layers."""
+        if self._kinds is None:
+            table = self._kind_table
+            self._kinds = [table[k] for k in self._kind_codes.tolist()]
+        return self._kinds
 
     @property
     def names(self) -> list[str]:
@@ -157,7 +173,7 @@ class LazyLayers(Sequence[Layer]):
         return self._layers is not None
 
     def __len__(self) -> int:
-        return len(self.kinds)
+        return len(self._kind_codes)
 
     def __getitem__(self, i: Any) -> Any:
         return self.materialized()[i]
@@ -177,7 +193,7 @@ class LazyLayers(Sequence[Layer]):
 
     def __repr__(self) -> str:
         state = "built" if self._layers is not None else "not built yet"
-        return f"<{len(self.kinds)} layers, {state}>"
+        return f"<{len(self)} layers, {state}>"
 
 
 class LazyMapping(Mapping[str, Any]):
@@ -218,6 +234,16 @@ def layer_names(layers: Sequence[Layer]) -> list[str]:
 def layer_kinds(layers: Sequence[Layer]) -> list[str]:
     """Each layer's :attr:`Layer.kind`, without building lazily loaded layers."""
     return list(layers.kinds) if isinstance(layers, LazyLayers) else [layer.kind for layer in layers]
+
+
+def layer_kind_codes(layers: Sequence[Layer]) -> tuple[list[str], np.ndarray]:
+    """Distinct layer kinds and each layer's index into them (int32), without building
+    lazily loaded layers; ``table[codes[i]]`` is layer ``i``'s :attr:`Layer.kind`."""
+    if isinstance(layers, LazyLayers):
+        return layers._kind_table, layers._kind_codes
+    index: dict[str, int] = {}
+    codes = [index.setdefault(layer.kind, len(index)) for layer in layers]
+    return list(index), np.asarray(codes, dtype=np.int32)
 
 
 @dataclass(slots=True)

@@ -326,7 +326,8 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
     if default_opset is None:
         return None
     versions = []
-    for _, op_type in scan.op_keys:  # every op is in the default domain on this path
+    op_names = [op for _, op in scan.op_keys]  # every op is in the default domain on this path
+    for op_type in op_names:
         since = _since_version(op_type, default_opset)
         if since is None:
             return None
@@ -355,12 +356,8 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
         act_inputs.append((in_name, int(elem), tuple(shape)))
     shapes = [list(s) for _, _, s in act_inputs]
 
-    node_op_key = scan.node_op_key.tolist()
-    op_names = [op for _, op in scan.op_keys]
     heads = []
-    for node_index in scan.head_node:
-        k = node_op_key[node_index]
-        attr_bytes = scan.node_attributes(buf, node_index)
+    for k, attr_bytes in zip(scan.head_op_key, scan.head_attributes(buf)):
         key = (op_names[k], versions[k], attr_bytes)
         head = _FAST_HEADS.get(key)
         if head is None:
@@ -382,7 +379,6 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
     if res["fallback"]:
         return None
 
-    kinds = [op_names[node_op_key[i]] for i in res["layer_nodes"].tolist()]
     digests = res["digests"]
     # Absolute: the layers may be built after the caller has changed directory.
     full = _FullModel(source if isinstance(source, onnx.ModelProto) else source.absolute(), label, name, digests)
@@ -400,7 +396,7 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
         path=None if isinstance(source, onnx.ModelProto) else os.fspath(source),
         ir_version=int(scan.ir_version),
         opset_imports=opsets,
-        layers=LazyLayers(kinds, full.layers, names),  # type: ignore[arg-type]
+        layers=LazyLayers(op_names, res["layer_op_keys"], full.layers, names),  # type: ignore[arg-type]
         inputs=[(n_, tts[(e, s)]) for n_, e, s in act_inputs],
         outputs=outputs,
         edge_src=res["edge_src"],

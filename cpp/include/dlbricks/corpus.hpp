@@ -35,6 +35,9 @@ struct CorpusResult {
     std::vector<std::int32_t> seq_ids;             // per sequence: unique sequence id
     std::vector<Digest128> unique_seq_digests;
     std::vector<std::int64_t> unique_seq_first;    // per unique sequence: global sequence index
+    std::vector<std::int64_t> model_unique_layers;  // m: distinct layer ids within each model
+    std::vector<std::int64_t> model_unique_seqs;    // m: distinct sequence ids within each model
+    std::vector<std::uint8_t> layer_repeats;        // per node: 1 if its layer occurred earlier in its model
 };
 
 /// Splits every model at granularity G and dedups layers and sequences across the

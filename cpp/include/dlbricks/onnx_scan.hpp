@@ -37,6 +37,8 @@ class BytesIndex {
 public:
     /// The id of the key, inserting it if new; `inserted` tells which.
     std::int32_t intern(const char* p, std::size_t n, bool& inserted);
+    /// Sizes the table for about `n` keys (avoids rehashing while they arrive).
+    void reserve(std::size_t n);
     /// The id of the key, or -1.
     std::int32_t find(const char* p, std::size_t n) const;
     std::string_view key(std::int32_t id) const {
@@ -46,11 +48,17 @@ public:
     std::size_t size() const { return at_.size() - 1; }
 
 private:
-    void grow();
+    // One slot per table entry: the hash's high half to skip most mismatches without
+    // touching the arena, and the id (-1: empty). Ids keep their full hash for rehashing.
+    struct Slot {
+        std::uint32_t check = 0;
+        std::int32_t id = -1;
+    };
+    void rehash(std::size_t capacity);
     std::string arena_;
     std::vector<std::uint64_t> at_{0};  // key i is arena_[at_[i], at_[i+1])
-    std::vector<std::uint64_t> hash_;
-    std::vector<std::int32_t> id_;  // -1: empty slot
+    std::vector<std::uint64_t> hash_of_;  // per id
+    std::vector<Slot> slots_;
 };
 
 /// Malformed protobuf bytes. The caller falls back to the full loader, which reports it.
@@ -94,6 +102,7 @@ struct ScanTensorType {
 struct ScanResult {
     std::string fallback;                      // non-empty: use the full loader
     std::vector<std::int32_t> layer_nodes;     // node index of each layer, in order
+    std::vector<std::int32_t> layer_op_keys;   // op key of each layer (OnnxScan::op_keys)
     std::vector<Digest128> digests;            // one per layer
     std::vector<std::int32_t> edge_src, edge_src_slot, edge_dst, edge_dst_slot;
     std::vector<ScanTensorType> output_types;  // one per graph output
@@ -119,7 +128,7 @@ public:
     /// Distinct (op key, attribute bytes): the part of a layer digest that depends on
     /// the operator and attributes only. head_node is one node that has it.
     std::vector<std::int32_t> head_node;
-    std::vector<std::int32_t> node_op_key;
+    std::vector<std::int32_t> head_op_key;  // the op key of each head
     std::vector<ScanInput> inputs;  // activation graph inputs (initializers excluded)
     std::vector<std::string> output_names;
     /// Where node `i`'s field lies in the model bytes (tag included).
@@ -160,6 +169,10 @@ public:
         ScanSpan span;
         ScanSpan name;  // the node's name (may be empty)
         bool is_constant = false, is_shape = false, is_size = false;
+        std::int32_t extra = -1;  // Constant and Shape/Size nodes: index into extras_
+    };
+    /// What a Constant node holds or which slice a Shape node takes (few nodes have one).
+    struct Extra {
         // Constant nodes: the output type and where the value comes from.
         bool const_typed = false;
         ScanTensorType const_type;
@@ -187,6 +200,7 @@ private:
     BytesIndex names_;               // tensor names
     std::vector<std::int32_t> pool_;  // every node's input ids, then output ids
     std::vector<Node> nodes_;
+    std::vector<Extra> extras_;
     std::vector<Initializer> inits_;
     std::vector<std::int32_t> input_ids_;   // activation inputs, as `inputs`
     std::vector<std::int32_t> output_ids_;  // graph outputs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shutil
 import sys
 
 from dlbricks import __version__
@@ -30,6 +31,31 @@ _COMMANDS = [
 ]
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter with the terminal width looked up once per process.
+
+    argparse builds a formatter for every option it registers (to check the option's
+    format) and each one asks the terminal for its size; on a pipe that is a failing
+    ioctl and an environment lookup per option.
+    """
+
+    _width: int | None = None
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
+        if width is None:
+            if _HelpFormatter._width is None:
+                _HelpFormatter._width = shutil.get_terminal_size().columns - 2
+            width = _HelpFormatter._width
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """Subcommand parsers are made with the main parser's class, so they share this default."""
+
+    def __init__(self, *args, formatter_class: type = _HelpFormatter, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; with ``only``, just that subcommand is registered.
 
@@ -37,7 +63,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     formatters for every option), more than ``dlbricks analyze`` spends on a small
     corpus, so :func:`main` registers only the command it runs.
     """
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog="dlbricks",
         description="Benchmark DL models cheaply: decompose into bricks, dedup, time, reconstruct.",
     )

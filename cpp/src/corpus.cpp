@@ -1,6 +1,7 @@
 #include "dlbricks/corpus.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -14,8 +15,17 @@ namespace {
 // bytes are the hash. Ids are handed out by the caller in first-appearance order.
 class DigestIndex {
 public:
-    /// Returns the id of d, inserting it with id `next` when absent; `inserted` tells which.
-    std::int32_t find_or_insert(const Digest128& d, std::int32_t next, bool& inserted) {
+    struct Slot {
+        Digest128 key;
+        std::int32_t id = -1;
+        // The last model the digest occurred in: per-model distinct counts cost no extra
+        // memory access, the slot is already in cache after the lookup.
+        std::int32_t last_model = -1;
+    };
+
+    /// The slot of d, inserting it with id `next` when absent; `inserted` tells which.
+    /// The reference is valid until the next call.
+    Slot& find_or_insert(const Digest128& d, std::int32_t next, bool& inserted) {
         if (2 * (count_ + 1) > slots_.size()) grow();
         std::size_t i = hash(d) & mask_;
         while (true) {
@@ -25,11 +35,11 @@ public:
                 s.id = next;
                 ++count_;
                 inserted = true;
-                return next;
+                return s;
             }
             if (s.key == d) {
                 inserted = false;
-                return s.id;
+                return s;
             }
             i = (i + 1) & mask_;
         }
@@ -41,10 +51,6 @@ public:
     }
 
 private:
-    struct Slot {
-        Digest128 key;
-        std::int32_t id = -1;
-    };
     static std::size_t hash(const Digest128& d) { return Digest128Hash{}(d); }
     void grow() {
         std::vector<Slot> old = std::move(slots_);
@@ -67,6 +73,8 @@ private:
 CorpusResult dedup_corpus(const CorpusView& c, int G) {
     if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
     if (c.n_models < 0) throw std::invalid_argument("model count must be >= 0");
+    if (c.n_models > std::numeric_limits<std::int32_t>::max())
+        throw std::invalid_argument("at most 2^31 - 1 models per corpus");
     if (c.node_offsets[0] != 0 || c.edge_offsets[0] != 0)
         throw std::invalid_argument("node and edge offsets must start at 0");
     for (std::int64_t i = 0; i < c.n_models; ++i)
@@ -85,9 +93,7 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
     // iteration order never shows in the result.
     DigestIndex layer_index, seq_index;
     std::int32_t n_layers = 0, n_seqs = 0;
-    // Per unique id, the last model it occurred in: per-model distinct counts and
-    // repeats in the same pass, without a set per model.
-    std::vector<std::int64_t> layer_last_model, seq_last_model;
+    // Per-model distinct counts and repeats come from each slot's last model.
     r.model_unique_layers.assign(static_cast<std::size_t>(c.n_models), 0);
     r.model_unique_seqs.assign(static_cast<std::size_t>(c.n_models), 0);
     r.layer_repeats.assign(static_cast<std::size_t>(total_nodes), 0);
@@ -106,17 +112,16 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
 
         for (std::int64_t v = 0; v < g.n_nodes; ++v) {
             bool inserted;
-            const std::int32_t id = layer_index.find_or_insert(g.digests[v], n_layers, inserted);
-            r.layer_ids[node_base + v] = id;
+            auto& slot = layer_index.find_or_insert(g.digests[v], n_layers, inserted);
+            r.layer_ids[node_base + v] = slot.id;
             if (inserted) {
                 ++n_layers;
                 r.unique_layer_first.push_back(node_base + v);
-                layer_last_model.push_back(-1);
             }
-            if (layer_last_model[id] == i) {
+            if (slot.last_model == i) {
                 r.layer_repeats[node_base + v] = 1;
             } else {
-                layer_last_model[id] = i;
+                slot.last_model = static_cast<std::int32_t>(i);
                 ++r.model_unique_layers[i];
             }
         }
@@ -134,15 +139,15 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
         for (std::size_t s = 0; s < split.digests.size(); ++s) {
             r.seq_offsets.push_back(member_base + split.offsets[s + 1]);
             bool inserted;
-            const std::int32_t id = seq_index.find_or_insert(split.digests[s], n_seqs, inserted);
+            auto& slot = seq_index.find_or_insert(split.digests[s], n_seqs, inserted);
+            const std::int32_t id = slot.id;
             if (inserted) {
                 ++n_seqs;
                 r.unique_seq_digests.push_back(split.digests[s]);
                 r.unique_seq_first.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
-                seq_last_model.push_back(-1);
             }
-            if (seq_last_model[id] != i) {
-                seq_last_model[id] = i;
+            if (slot.last_model != i) {
+                slot.last_model = static_cast<std::int32_t>(i);
                 ++r.model_unique_seqs[i];
             }
             r.seq_ids.push_back(id);

@@ -361,3 +361,37 @@ def test_external_weights_are_never_read_by_the_fast_path(tmp_path):
     assert_same(model, full_load(path))
     with pytest.raises(ModelError, match="not found"):
         model.constant_value("w")  # the weight's value is what needs the file
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from /proc")
+def test_scanning_does_not_scale_memory_with_weight_bytes(tmp_path):
+    # A 256 MB initializer: the scanner skips its payload, and its tables must be sized
+    # from the nodes, not from the graph's byte size (that once zeroed a 64 MB table).
+    import subprocess
+    import sys
+    import textwrap
+
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 64 << 20])
+    y = h.make_tensor_value_info("y", T.FLOAT, [1, 64 << 20])
+    w = nh.from_array(np.zeros((1, 64 << 20), dtype=np.float32), "w")
+    graph = h.make_graph([h.make_node("Add", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    path = tmp_path / "big.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), path)
+    del w, graph
+    code = textwrap.dedent(
+        f"""
+        import mmap
+        from dlbricks import _core
+        def rss_kb():  # resident now (the peak may predate the scan)
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * mmap.PAGESIZE // 1024
+        with open({str(path)!r}, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        before = rss_kb()
+        scan = _core.OnnxScan(mm)
+        assert not scan.fallback, scan.fallback
+        print(rss_kb() - before)
+        """
+    )
+    grown_kb = int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    assert grown_kb < 16 * 1024, f"scanning a 256 MB model grew the resident memory by {grown_kb} kB"

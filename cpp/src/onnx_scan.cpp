@@ -544,8 +544,23 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
     std::string key;
     std::vector<ScanSpan> attr_whole, attrs;  // each attribute field, and its payload
     std::vector<std::int32_t> node_ins, node_outs;
-    nodes_.reserve(graph.size() / 48);
-    names_.reserve(graph.size() / 64);  // about one name per 64 graph bytes in real models
+    {
+        // Size the tables from a first pass over the graph's fields (payloads are skipped
+        // by their length: microseconds). Not from the graph's size: weights can make it
+        // gigabytes, and the names live in the nodes (about one per 32 node bytes).
+        std::size_t n_nodes = 0, node_bytes = 0, n_other = 0;
+        Reader pr(d, graph);
+        while (pr.next(f)) {
+            if (f.tag == tag(graph_f::node, 2)) {
+                ++n_nodes;
+                node_bytes += f.payload.size();
+            } else {
+                ++n_other;  // initializers, inputs, outputs, value_info: a name each
+            }
+        }
+        nodes_.reserve(n_nodes);
+        names_.reserve(node_bytes / 32 + n_other);
+    }
     Reader gr(d, graph);
     while (gr.next(f)) {
         if (f.wire != 2) continue;

@@ -1146,8 +1146,13 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             if (canonical) out += tt.bytes(type);
             else put_u32(out, static_cast<std::uint32_t>(type));
         };
-        std::size_t n_in = n.ins.size();
-        while (n_in && n.ins[n_in - 1] < 0) --n_in;
+        // Slots up to the last present one (trailing omitted optionals are not written).
+        auto present = [](Ids ids) {
+            std::size_t k = ids.size();
+            while (k && ids[k - 1] < 0) --k;
+            return k;
+        };
+        const std::size_t n_in = present(n.ins);
         put_u32(out, static_cast<std::uint32_t>(n_in));
         for (std::size_t slot = 0; slot < n_in; ++slot) {
             const std::int32_t t = n.ins[slot];
@@ -1172,8 +1177,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             out.push_back(1);
             put_type(a);
         }
-        std::size_t n_out = n.outs.size();
-        while (n_out && n.outs[n_out - 1] < 0) --n_out;
+        const std::size_t n_out = present(n.outs);
         put_u32(out, static_cast<std::uint32_t>(n_out));
         for (std::size_t slot = 0; slot < n_out; ++slot) {
             const std::int32_t t = n.outs[slot];

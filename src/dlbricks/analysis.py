@@ -24,6 +24,40 @@ class LoadedCorpus:
     warnings: list[str] = field(default_factory=list)
     load_s: float = 0.0
 
+    def add_warnings(self, lines: Sequence[str], on_warning: Callable[[str], None] | None) -> None:
+        """Record one model's loader warnings, passing each to ``on_warning`` as well."""
+        for line in lines:
+            self.warnings.append(line)
+            if on_warning is not None:
+                on_warning(line)
+
+    def done(self, start: float) -> LoadedCorpus:
+        """Stamp the load time since ``start``; an error when no model loaded at all.
+
+        Raises:
+            ModelError: every model failed (the message quotes the first error).
+        """
+        self.load_s = time.perf_counter() - start
+        if not self.models and self.errors:
+            raise ModelError(f"no model could be loaded ({len(self.errors)} failed; first: {self.errors[0]['error']})")
+        return self
+
+
+def model_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The ONNX files under ``paths`` (folders searched recursively).
+
+    Raises:
+        UsageError: a missing path or a folder without models (the user's call).
+    """
+    from dlbricks.onnx_io import iter_model_paths
+
+    try:
+        return iter_model_paths(paths)
+    except ModelError:
+        raise
+    except DlbricksError as exc:
+        raise UsageError(str(exc)) from None
+
 
 def load_corpus(
     paths: Sequence[str | Path],
@@ -45,14 +79,9 @@ def load_corpus(
     Raises:
         DlbricksError: a missing path or a folder without models; with ``strict``, a bad model.
     """
-    from dlbricks.onnx_io import iter_model_paths, load
+    from dlbricks.onnx_io import load
 
-    try:
-        files = iter_model_paths(paths)
-    except ModelError:
-        raise
-    except DlbricksError as exc:  # a missing path or an empty folder: the user's call
-        raise UsageError(str(exc)) from None
+    files = model_files(paths)
     out = LoadedCorpus(models=[])
     start = time.perf_counter()
     for f in files:
@@ -64,15 +93,8 @@ def load_corpus(
                 if strict:
                     raise
                 out.errors.append({"path": str(f), "error": str(exc)})
-        for w in caught:
-            line = str(w.message)
-            out.warnings.append(line)
-            if on_warning is not None:
-                on_warning(line)
-    out.load_s = time.perf_counter() - start
-    if not out.models and out.errors:
-        raise ModelError(f"no model could be loaded ({len(out.errors)} failed; first: {out.errors[0]['error']})")
-    return out
+        out.add_warnings([str(w.message) for w in caught], on_warning)
+    return out.done(start)
 
 
 def analyze(models: Sequence[Model], Gs: Sequence[int] = (1, 2, 3)) -> dict:

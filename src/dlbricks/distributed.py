@@ -275,16 +275,10 @@ def load_corpus_ray(
         ModelError: with ``strict``, a bad model; or no model could be loaded.
         DlbricksError: a node runs another dlbricks (digests would differ).
     """
-    from dlbricks.analysis import LoadedCorpus
-    from dlbricks.onnx_io import iter_model_paths
+    from dlbricks.analysis import LoadedCorpus, model_files
 
     ray = _ray()
-    try:
-        files = [str(f) for f in iter_model_paths(paths)]
-    except ModelError:
-        raise
-    except DlbricksError as exc:
-        raise UsageError(str(exc)) from None
+    files = [str(f) for f in model_files(paths)]
     shapes = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()} if input_shapes else None
     start = time.perf_counter()
     if chunk_size is None:
@@ -304,14 +298,8 @@ def load_corpus_ray(
             out.errors.append({"path": f, "error": error})
         else:
             out.models.append(model)
-        for line in caught:
-            out.warnings.append(line)
-            if on_warning is not None:
-                on_warning(line)
-    out.load_s = time.perf_counter() - start
-    if not out.models and out.errors:
-        raise ModelError(f"no model could be loaded ({len(out.errors)} failed; first: {out.errors[0]['error']})")
-    return out
+        out.add_warnings(caught, on_warning)
+    return out.done(start)
 
 
 # ----------------------------------------------------------------------------- the agent

@@ -239,3 +239,35 @@ def test_python_dash_m_dlbricks_analyze_prints_json_and_exits_0():
     result = json.loads(proc.stdout)
     assert result["G"] == [2] and result["models"][0]["name"] == "light_squeezenet"
     assert result["corpus"]["sequences"]["2"]["unique_sequences"] <= result["corpus"]["sequences"]["2"]["sequences"]
+
+
+_FASTBIN_PROBE = """
+import ctypes, sys
+from dlbricks.commands._common import tune_allocator_for_loading
+if sys.argv[1] == "tuned":
+    tune_allocator_for_loading()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = (ctypes.c_void_p,)
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc.mallinfo2.restype = Mallinfo2
+# More small blocks than glibc's per-thread cache holds (7 per size): the rest go to fastbins.
+blocks = [libc.malloc(48) for _ in range(200)]
+for b in blocks:
+    libc.free(b)
+print(libc.mallinfo2().fsmblks)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc allocator setting")
+def test_analyze_turns_glibc_fastbins_off_for_its_process():
+    def fastbin_bytes(mode: str) -> int:
+        proc = subprocess.run([sys.executable, "-c", _FASTBIN_PROBE, mode], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            pytest.skip(f"not glibc with mallinfo2: {proc.stderr.strip()[-200:]}")
+        return int(proc.stdout)
+
+    assert fastbin_bytes("default") > 0
+    assert fastbin_bytes("tuned") == 0

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from dlbricks.commands._common import add_model_args, add_output_args, emit, parse_g_list, parse_input_shapes
+from dlbricks.commands._common import (
+    add_model_args,
+    add_output_args,
+    emit,
+    parse_g_list,
+    parse_input_shapes,
+    tune_allocator_for_loading,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
     Gs = parse_g_list(args.G)
     shapes = parse_input_shapes(args.input_shape)
+    tune_allocator_for_loading()
     if args.ray:
         from dlbricks.distributed import connect, load_corpus_ray
 

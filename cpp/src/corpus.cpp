@@ -1,6 +1,7 @@
 #include "dlbricks/corpus.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -45,11 +46,6 @@ public:
         }
     }
 
-    /// Starts loading d's home slot; a model's sequences are looked up right after.
-    void prefetch(const Digest128& d) const {
-        if (!slots_.empty()) __builtin_prefetch(&slots_[hash(d) & mask_]);
-    }
-
 private:
     static std::size_t hash(const Digest128& d) { return Digest128Hash{}(d); }
     void grow() {
@@ -66,6 +62,134 @@ private:
     std::vector<Slot> slots_;
     std::size_t mask_ = 0;
     std::size_t count_ = 0;
+};
+
+// Unique sequences keyed by their canonical bytes (the input of the sequence digest):
+// equal bytes mean an equal digest, so BLAKE2b runs once per unique sequence instead of
+// once per sequence (on the architecture-search corpus of bench/core.py, four in five
+// sequences repeat). Keys live back to back in one arena; the table is open addressing
+// over slots that hold the full hash and where the key lies, so a mismatch costs no
+// key read.
+class SequenceIndex {
+public:
+    struct Slot {
+        std::uint64_t hash = 0;
+        std::int32_t id = -1;
+        std::int32_t last_model = -1;  // as DigestIndex::Slot
+        std::uint64_t at = 0;          // the key is arena_[at, at + size)
+        std::uint64_t size = 0;
+    };
+
+    /// Room for n more keys without growing (so prefetched slots stay where they are).
+    void reserve(std::size_t n) {
+        while (2 * (count_ + n) > slots_.size()) grow();
+    }
+    void prefetch(std::uint64_t hash) const { __builtin_prefetch(&slots_[hash & mask_]); }
+    /// Starts loading the key of the slot at hash's home position if it may match.
+    void prefetch_key(std::uint64_t hash, std::size_t n) const {
+        const Slot& s = slots_[hash & mask_];
+        if (s.id >= 0 && s.hash == hash && s.size == n) {
+            __builtin_prefetch(arena_.data() + s.at);
+            __builtin_prefetch(arena_.data() + s.at + n - 1);
+        }
+    }
+
+    /// The slot of the key (whose bytes_hash is `hash`), inserting it with id `next` (=
+    /// the number of keys so far) when absent. Precondition: reserve() made room.
+    /// The reference is valid until the next call.
+    Slot& find_or_insert(std::uint64_t hash, const std::uint8_t* key, std::size_t n, std::int32_t next,
+                         bool& inserted) {
+        std::size_t i = hash & mask_;
+        while (true) {
+            Slot& s = slots_[i];
+            if (s.id < 0) {
+                s = Slot{hash, next, -1, arena_.size(), n};
+                ++count_;
+                arena_.insert(arena_.end(), key, key + n);
+                inserted = true;
+                return s;
+            }
+            if (s.hash == hash && s.size == n && std::memcmp(arena_.data() + s.at, key, n) == 0) {
+                inserted = false;
+                return s;
+            }
+            i = (i + 1) & mask_;
+        }
+    }
+
+private:
+    void grow() {
+        std::vector<Slot> old = std::move(slots_);
+        slots_.assign(old.empty() ? 1024 : 2 * old.size(), Slot{});
+        mask_ = slots_.size() - 1;
+        for (const Slot& s : old)
+            if (s.id >= 0) {
+                std::size_t i = s.hash & mask_;
+                while (slots_[i].id >= 0) i = (i + 1) & mask_;
+                slots_[i] = s;
+            }
+    }
+    std::vector<Slot> slots_;
+    std::size_t mask_ = 0;
+    std::size_t count_ = 0;
+    std::vector<std::uint8_t> arena_;
+};
+
+// Collects one model's sequences from split_sequences, then dedups them corpus-wide in
+// one pass. Two passes so that the table slots, prefetched while the split runs, are
+// in cache by the time they are read: at 10^6 layers the table is megabytes and a
+// lookup right after hashing waited for memory every time.
+class CorpusSequences final : public SequenceSink {
+public:
+    explicit CorpusSequences(CorpusResult& r) : r_(r) {}
+
+    /// Starts model `model`, which has at most `max_sequences` sequences.
+    void begin(std::int32_t model, std::int64_t max_sequences) {
+        model_ = model;
+        pending_.clear();
+        bytes_.clear();
+        index_.reserve(static_cast<std::size_t>(max_sequences));
+    }
+
+    void sequence(const std::uint8_t* bytes, std::size_t size) override {
+        const std::uint64_t h = bytes_hash(bytes, size);
+        index_.prefetch(h);
+        pending_.push_back(Pending{h, bytes_.size(), size});
+        bytes_.insert(bytes_.end(), bytes, bytes + size);
+    }
+
+    /// Dedups the model's sequences, appending their ids to seq_ids.
+    void end() {
+        for (const Pending& p : pending_) index_.prefetch_key(p.hash, p.size);
+        for (const Pending& p : pending_) {
+            const std::uint8_t* key = bytes_.data() + p.at;
+            bool inserted;
+            auto& slot = index_.find_or_insert(p.hash, key, p.size, n_seqs_, inserted);
+            const std::int32_t id = slot.id;
+            if (inserted) {
+                ++n_seqs_;
+                r_.unique_seq_digests.push_back(digest128(key, p.size));
+                r_.unique_seq_first.push_back(static_cast<std::int64_t>(r_.seq_ids.size()));
+            }
+            if (slot.last_model != model_) {
+                slot.last_model = model_;
+                ++r_.model_unique_seqs[static_cast<std::size_t>(model_)];
+            }
+            r_.seq_ids.push_back(id);
+        }
+    }
+
+private:
+    struct Pending {
+        std::uint64_t hash;
+        std::size_t at, size;  // in bytes_
+    };
+    CorpusResult& r_;
+    SequenceIndex index_;
+    std::vector<Pending> pending_;
+    std::vector<std::uint8_t> bytes_;
+    std::int32_t model_ = 0;
+    std::int32_t n_seqs_ = 0;
 };
 
 }  // namespace
@@ -91,8 +215,9 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
 
     // Ids are handed out in first-appearance order; the maps are only lookups, so their
     // iteration order never shows in the result.
-    DigestIndex layer_index, seq_index;
-    std::int32_t n_layers = 0, n_seqs = 0;
+    DigestIndex layer_index;
+    CorpusSequences sequences(r);
+    std::int32_t n_layers = 0;
     // Per-model distinct counts and repeats come from each slot's last model.
     r.model_unique_layers.assign(static_cast<std::size_t>(c.n_models), 0);
     r.model_unique_seqs.assign(static_cast<std::size_t>(c.n_models), 0);
@@ -127,31 +252,17 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
         }
 
         Split split;
+        sequences.begin(static_cast<std::int32_t>(i), g.n_nodes);
         try {
             const Adjacency adj = build_adjacency(g);
-            split = split_sequences(g, adj, topo_order(g, adj), G);
+            split = split_sequences(g, adj, topo_order(g, adj), G, &sequences);
         } catch (const std::invalid_argument& e) {
             throw std::invalid_argument("model " + std::to_string(i) + ": " + e.what());
         }
+        sequences.end();
         const std::int64_t member_base = static_cast<std::int64_t>(r.seq_members.size());
         r.seq_members.insert(r.seq_members.end(), split.members.begin(), split.members.end());
-        for (const Digest128& d : split.digests) seq_index.prefetch(d);
-        for (std::size_t s = 0; s < split.digests.size(); ++s) {
-            r.seq_offsets.push_back(member_base + split.offsets[s + 1]);
-            bool inserted;
-            auto& slot = seq_index.find_or_insert(split.digests[s], n_seqs, inserted);
-            const std::int32_t id = slot.id;
-            if (inserted) {
-                ++n_seqs;
-                r.unique_seq_digests.push_back(split.digests[s]);
-                r.unique_seq_first.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
-            }
-            if (slot.last_model != i) {
-                slot.last_model = static_cast<std::int32_t>(i);
-                ++r.model_unique_seqs[i];
-            }
-            r.seq_ids.push_back(id);
-        }
+        for (std::size_t s = 0; s + 1 < split.offsets.size(); ++s) r.seq_offsets.push_back(member_base + split.offsets[s + 1]);
         r.seq_model_offsets.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
     }
     return r;

@@ -139,7 +139,8 @@ Split split_sequences(const GraphView& g, int G) {
     return split_sequences(g, adj, topo_order(g, adj), G);
 }
 
-Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& order, int G) {
+Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& order, int G,
+                      SequenceSink* sink) {
     if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
     if (g.n_nodes > 0 && g.digests == nullptr) throw std::invalid_argument("layer digests are required to split");
     const std::int64_t n = g.n_nodes;
@@ -240,7 +241,9 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
         std::uint8_t* end = p;
         p = count_at;
         put_u32(n_shared_inputs);
-        out.digests.push_back(digest128(bytes.data(), static_cast<std::size_t>(end - bytes.data())));
+        const auto n_bytes = static_cast<std::size_t>(end - bytes.data());
+        if (sink != nullptr) sink->sequence(bytes.data(), n_bytes);
+        else out.digests.push_back(digest128(bytes.data(), n_bytes));
         out.offsets.push_back(static_cast<std::int64_t>(out.members.size()));
     };
 

@@ -390,30 +390,6 @@ bool tensor_values(const std::uint8_t* d, ScanSpan payload, const ScanTensorType
 
 // ------------------------------------------------------------------------------ scan
 
-namespace {
-// Multiply-xorshift over 8-byte words (the tail as one zero-padded word; the length is
-// in the seed), then a final mix so that both the low bits (the slot) and the high bits
-// (the check) depend on every byte. Keys are short names and attribute bytes.
-inline std::uint64_t bytes_hash(const char* p, std::size_t n) {
-    constexpr std::uint64_t kMul = 0x9e3779b97f4a7c15ull;
-    std::uint64_t h = 0x243f6a8885a308d3ull ^ (n * kMul);
-    std::size_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        std::uint64_t w;
-        std::memcpy(&w, p + k, 8);
-        h = (h ^ w) * kMul;
-        h ^= h >> 32;
-    }
-    if (k < n) {
-        std::uint64_t w = 0;
-        for (unsigned shift = 0; k < n; ++k, shift += 8) w |= static_cast<std::uint64_t>(static_cast<std::uint8_t>(p[k])) << shift;
-        h = (h ^ w) * kMul;
-        h ^= h >> 32;
-    }
-    h *= 0xff51afd7ed558ccdull;
-    return h ^ (h >> 33);
-}
-}  // namespace
 
 void BytesIndex::rehash(std::size_t capacity) {
     std::vector<Slot> slots(capacity);

@@ -38,6 +38,32 @@ struct Digest128Hash {
     }
 };
 
+/// A fast non-cryptographic 64-bit hash of a byte string, for hash tables that compare
+/// the keys themselves on a match (never for identity). Multiply-xorshift over 8-byte
+/// words (the tail as one zero-padded word; the length is in the seed), then a final
+/// mix so that both the low bits (the slot) and the high bits (a check) depend on every
+/// byte. Cost: O(size).
+inline std::uint64_t bytes_hash(const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    constexpr std::uint64_t kMul = 0x9e3779b97f4a7c15ull;
+    std::uint64_t h = 0x243f6a8885a308d3ull ^ (n * kMul);
+    std::size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, p + k, 8);
+        h = (h ^ w) * kMul;
+        h ^= h >> 32;
+    }
+    if (k < n) {
+        std::uint64_t w = 0;
+        for (unsigned shift = 0; k < n; ++k, shift += 8) w |= static_cast<std::uint64_t>(p[k]) << shift;
+        h = (h ^ w) * kMul;
+        h ^= h >> 32;
+    }
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 33);
+}
+
 /// Incremental BLAKE2b-128. Precondition: none. Cost: O(bytes fed).
 class Blake2b128 {
 public:

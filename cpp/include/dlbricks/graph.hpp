@@ -6,6 +6,7 @@
 // identified by their index; names never reach the core.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -64,9 +65,20 @@ struct Split {
 /// Cost: O(n log n + e log d) plus hashing O(n + e).
 Split split_sequences(const GraphView& g, int G);
 
-/// Same, reusing an adjacency and an order already computed for g.
+/// Receives each sequence's canonical bytes (the input of its digest), in split order.
+class SequenceSink {
+public:
+    virtual void sequence(const std::uint8_t* bytes, std::size_t size) = 0;
+
+protected:
+    ~SequenceSink() = default;
+};
+
+/// Same, reusing an adjacency and an order already computed for g. With a sink, the
+/// sequences' canonical bytes go to it and `digests` stays empty: a corpus dedups by
+/// those bytes and hashes only the sequences it has not seen (most repeat).
 Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& order,
-                      int G);
+                      int G, SequenceSink* sink = nullptr);
 
 /// Longest path through the DAG where node i weighs weights[i] (>= 0 and finite).
 /// Returns the length and the nodes on one longest path, source first; ties go to the

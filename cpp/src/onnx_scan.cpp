@@ -945,17 +945,44 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         // bytes parsed to, as (completeness score, concrete type id or -1, tensor?).
         BytesIndex seen_types;
         std::vector<std::int32_t> seen_score, seen_cid;
-        for (const auto& spans : by_kind) {
-            for (const ScanSpan& s : spans) {
+        // onnx's inference appends a value_info per node output, in node order: each
+        // name is first compared with the next few outputs after the last one matched
+        // (a name table lookup is a cache miss or two after onnx's work), and looked up
+        // only when none matches. Declared value_info comes first, in any order.
+        std::size_t next_node = 0, next_slot = 0;
+        auto predicted = [&](const char* p, std::size_t n) -> std::int32_t {
+            const std::size_t node_was = next_node, slot_was = next_slot;  // kept on a miss
+            for (int tries = 0; tries < 4 && next_node < nodes_.size(); ++tries) {
+                const Ids outs = nodes_[next_node].outs;
+                if (next_slot >= outs.size()) {
+                    ++next_node;
+                    next_slot = 0;
+                    continue;
+                }
+                const std::int32_t id = outs[next_slot++];
+                if (id < 0) continue;
+                const std::string_view have = name(id);
+                if (have.size() == n && std::memcmp(have.data(), p, n) == 0) return id;
+            }
+            next_node = node_was;
+            next_slot = slot_was;
+            return -1;
+        };
+        for (int kind = 0; kind < 3; ++kind) {
+            for (const ScanSpan& s : by_kind[kind]) {
                 Reader vr(inferred, s);
                 Field g;
                 std::int32_t id = -1;
                 ScanSpan type_span;
                 while (vr.next(g)) {
-                    if (g.tag == tag(vi_f::name, 2))
-                        id = find(std::string_view(reinterpret_cast<const char*>(inferred + g.payload.begin), g.payload.size()));
-                    else if (g.tag == tag(vi_f::type, 2))
+                    if (g.tag == tag(vi_f::name, 2)) {
+                        const auto* p = reinterpret_cast<const char*>(inferred + g.payload.begin);
+                        const std::size_t n = g.payload.size();
+                        id = kind == 1 ? predicted(p, n) : -1;
+                        if (id < 0) id = find(std::string_view(p, n));
+                    } else if (g.tag == tag(vi_f::type, 2)) {
                         type_span = g.payload;
+                    }
                 }
                 if (id < 0 || type_span.size() == 0) continue;
                 bool new_type;

@@ -146,51 +146,79 @@ void for_each_fixed(const std::uint8_t* d, const Field& f, unsigned width, Fn&& 
     }
 }
 
-ScanType parse_type(const std::uint8_t* d, ScanSpan s) {
-    ScanType t;
+// Walks a TypeProto: begin(kind) for each tensor (1) or other (2) type field (a oneof:
+// the last one counts), elem(v) for a tensor's element type, shape() when it has a
+// shape, dim(kind, value, param span) per dim (a oneof too: the last field written
+// wins). Throws WireError on malformed bytes.
+template <class Begin, class Elem, class Shape, class Dim>
+void walk_type(const std::uint8_t* d, ScanSpan s, Begin&& begin, Elem&& elem, Shape&& shape, Dim&& dim) {
     Reader r(d, s);
     Field f;
     while (r.next(f)) {
         if (f.wire != 2) continue;
         if (f.number == type_f::tensor) {
-            t = ScanType{};
-            t.kind = 1;
+            begin(1);
             Reader tr(d, f.payload);
             Field g;
             while (tr.next(g)) {
                 if (g.tag == tag(tensor_type_f::elem_type, 0)) {
-                    t.elem_type = static_cast<std::int32_t>(g.value);
+                    elem(static_cast<std::int32_t>(g.value));
                 } else if (g.tag == tag(tensor_type_f::shape, 2)) {
-                    t.has_shape = true;
+                    shape();
                     Reader sr(d, g.payload);
                     Field h;
                     while (sr.next(h)) {
                         if (h.tag != tag(1, 2)) continue;
-                        ScanDim dim;
+                        std::uint8_t kind = 0;
+                        std::int64_t value = 0;
+                        ScanSpan param;
                         Reader dr(d, h.payload);
                         Field k;
-                        while (dr.next(k)) {  // a oneof: the last one written wins
+                        while (dr.next(k)) {
                             if (k.tag == tag(dim_f::value, 0)) {
-                                dim.kind = 1;
-                                dim.value = static_cast<std::int64_t>(k.value);
-                                dim.param.clear();
+                                kind = 1;
+                                value = static_cast<std::int64_t>(k.value);
                             } else if (k.tag == tag(dim_f::param, 2)) {
-                                dim.kind = 2;
-                                dim.value = 0;
-                                dim.param = text(d, k.payload);
+                                kind = 2;
+                                value = 0;
+                                param = k.payload;
                             }
                         }
-                        t.dims.push_back(std::move(dim));
+                        dim(kind, value, param);
                     }
                 }
             }
         } else if (f.number == type_f::sequence || f.number == type_f::map || f.number == type_f::sparse ||
                    f.number == type_f::optional) {
-            t = ScanType{};
-            t.kind = 2;
+            begin(2);
         }
     }
+}
+
+ScanType parse_type(const std::uint8_t* d, ScanSpan s) {
+    ScanType t;
+    walk_type(
+        d, s,
+        [&](std::uint8_t kind) {
+            t = ScanType{};
+            t.kind = kind;
+        },
+        [&](std::int32_t e) { t.elem_type = e; },
+        [&] { t.has_shape = true; },
+        [&](std::uint8_t kind, std::int64_t value, ScanSpan param) {
+            ScanDim dim;
+            dim.kind = kind;
+            dim.value = value;
+            if (kind == 2) dim.param = text(d, param);
+            t.dims.push_back(std::move(dim));
+        });
     return t;
+}
+
+// Checks a TypeProto's wire format without keeping anything (WireError if malformed).
+void check_type(const std::uint8_t* d, ScanSpan s) {
+    walk_type(
+        d, s, [](std::uint8_t) {}, [](std::int32_t) {}, [] {}, [](std::uint8_t, std::int64_t, ScanSpan) {});
 }
 
 // numpy's itemsize for an ONNX element type, as onnx_io._itemsize computes it
@@ -524,7 +552,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
         // Size the tables from a first pass over the graph's fields (payloads are skipped
         // by their length: microseconds). Not from the graph's size: weights can make it
         // gigabytes, and the names live in the nodes (about one per 32 node bytes).
-        std::size_t n_nodes = 0, node_bytes = 0, n_other = 0;
+        std::size_t n_nodes = 0, node_bytes = 0, n_other = 0, n_inits = 0;
         Reader pr(d, graph);
         while (pr.next(f)) {
             if (f.tag == tag(graph_f::node, 2)) {
@@ -532,9 +560,11 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                 node_bytes += f.payload.size();
             } else {
                 ++n_other;  // initializers, inputs, outputs, value_info: a name each
+                if (f.tag == tag(graph_f::initializer, 2)) ++n_inits;
             }
         }
         nodes_.reserve(n_nodes);
+        inits_.reserve(n_inits);
         names_.reserve(node_bytes / 32 + n_other);
     }
     Reader gr(d, graph);
@@ -767,20 +797,26 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
     for (const ScanSpan& s : input_spans) {
         Reader vr(d, s);
         Field g;
-        std::string name;
-        ScanType type;
+        ScanSpan name_span, type_span;
         while (vr.next(g)) {
-            if (g.tag == tag(vi_f::name, 2)) name = text(d, g.payload);
-            if (g.tag == tag(vi_f::type, 2)) type = parse_type(d, g.payload);
+            if (g.tag == tag(vi_f::name, 2)) name_span = g.payload;
+            if (g.tag == tag(vi_f::type, 2)) type_span = g.payload;
         }
-        const std::int32_t id = intern(name.data(), name.size());
+        const std::int32_t id = intern(reinterpret_cast<const char*>(d + name_span.begin), name_span.size());
         if (id < 0) { fallback = "an unnamed graph input"; return; }
         if (static_cast<std::size_t>(id) >= defined.size()) {
             defined.resize(n_names(), 0);
             is_init.resize(n_names(), 0);
         }
         defined[id] = 1;
-        if (is_init[id]) continue;
+        // Older models list every initializer among the inputs too: those types are
+        // never read, so they are only checked.
+        if (is_init[id]) {
+            check_type(d, type_span);
+            continue;
+        }
+        ScanType type = type_span.size() ? parse_type(d, type_span) : ScanType{};
+        std::string name = text(d, name_span);
         if (type.kind != 1 || type.elem_type == 0 || !type.has_shape) {
             fallback = "a graph input without a tensor type and shape";
             return;

@@ -84,16 +84,20 @@ def load_corpus(
     files = model_files(paths)
     out = LoadedCorpus(models=[])
     start = time.perf_counter()
-    for f in files:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+    # One recording context for the whole corpus (entering one per model cost more than
+    # loading a small model's statistics), drained after each model.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for f in files:
             try:
                 out.models.append(load(f, input_shapes))
             except ModelError as exc:
                 if strict:
                     raise
                 out.errors.append({"path": str(f), "error": str(exc)})
-        out.add_warnings([str(w.message) for w in caught], on_warning)
+            lines = [str(w.message) for w in caught]
+            caught.clear()
+            out.add_warnings(lines, on_warning)
     return out.done(start)
 
 

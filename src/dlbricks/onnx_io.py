@@ -28,7 +28,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto
 
-from dlbricks.digest import _layer_digest_fields, constant_role
+from dlbricks import _core
+from dlbricks.digest import _head, _layer_digest_fields, constant_role
 from dlbricks.model import (
     ConstInput,
     DlbricksError,
@@ -101,14 +102,16 @@ def iter_model_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     seen: set[Path] = set()
     for p in paths:
         path = Path(p)
-        if path.is_dir():
+        try:
+            is_dir = stat.S_ISDIR(os.stat(path).st_mode)  # one stat per path
+        except (OSError, ValueError):
+            raise DlbricksError(f"{path}: no such file or directory") from None
+        if is_dir:
             found = sorted(f for f in path.rglob("*.onnx") if f.is_file())
             if not found:
                 raise DlbricksError(f"{path}: no .onnx files found")
-        elif path.exists():
-            found = [path]
         else:
-            raise DlbricksError(f"{path}: no such file or directory")
+            found = [path]
         for f in found:
             if f not in seen:
                 seen.add(f)
@@ -313,9 +316,6 @@ def _load_fast(path: Path, label: str, name: str) -> Model | None:
 
 
 def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: str, name: str) -> Model | None:
-    from dlbricks import _core
-    from dlbricks.digest import _head
-
     scan = _core.OnnxScan(buf)
     if scan.fallback:
         return None
@@ -381,7 +381,10 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
 
     digests = res["digests"]
     # Absolute: the layers may be built after the caller has changed directory.
-    full = _FullModel(source if isinstance(source, onnx.ModelProto) else source.absolute(), label, name, digests)
+    where = source
+    if not isinstance(source, onnx.ModelProto) and not os.path.isabs(source):
+        where = Path(os.getcwd(), source)
+    full = _FullModel(where, label, name, digests)
     tts: dict[tuple[int, tuple[int, ...]], TensorType] = {}
     for n_, e, s in act_inputs:
         tts.setdefault((e, s), TensorType(e, s))

@@ -271,3 +271,30 @@ def test_analyze_turns_glibc_fastbins_off_for_its_process():
 
     assert fastbin_bytes("default") > 0
     assert fastbin_bytes("tuned") == 0
+
+
+@pytest.mark.parametrize("name", __import__("dlbricks.cli", fromlist=["_COMMANDS"])._COMMANDS)
+def test_a_command_parser_built_alone_matches_the_one_under_the_main_parser(name, capsys):
+    # main() builds only the parser of the command it runs; help, usage errors and
+    # parsed arguments must be those of the full parser.
+    from dlbricks import cli
+
+    full, alone = cli.build_parser(), cli.build_parser(name)
+    outputs = []
+    for parser, argv in ((full, [name, "--help"]), (alone, ["--help"]), (full, [name, "--no-such-option"]),
+                         (alone, ["--no-such-option"])):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        out, err = capsys.readouterr()
+        outputs.append((exc.value.code, out, err))
+    assert outputs[0] == outputs[1] and outputs[0][0] == 0
+    # A usage error exits 2 either way; alone, it is always the command's parser that
+    # reports it (under the main parser, options left over by a command whose
+    # positionals are all optional are reported by the main parser, with its usage).
+    (code_full, _, err_full), (code_alone, _, err_alone) = outputs[2], outputs[3]
+    assert code_full == code_alone == 2
+    assert err_alone.splitlines()[-1].startswith(f"dlbricks {name}: error: ")
+    assert err_full.splitlines()[-1].split(": error: ")[1] == err_alone.splitlines()[-1].split(": error: ")[1]
+    if name == "analyze":
+        argv = ["m.onnx", "d/", "--json", "-G", "1-2", "--strict", "-o", "x.json"]
+        assert vars(full.parse_args([name, *argv])) == vars(alone.parse_args(argv))

@@ -56,13 +56,37 @@ class _ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
+class _OneCommand:
+    """Stands in for the subcommand action when one known command runs: its parser is
+    built alone, exactly as ``add_subparsers().add_parser`` builds it (same class, prog,
+    options and help), without the main parser around it, which cost about as much
+    again (argparse looks its messages' translations up on disk for every parser)."""
+
+    def __init__(self) -> None:
+        self.parser: argparse.ArgumentParser | None = None
+
+    def add_parser(self, name: str, *, help: str | None = None, **kwargs) -> argparse.ArgumentParser:  # noqa: A002, ANN003
+        kwargs.setdefault("prog", f"dlbricks {name}")
+        self.parser = _ArgumentParser(**kwargs)
+        self.parser.set_defaults(command=name)  # what the subcommand action records
+        return self.parser
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser; with ``only``, just that subcommand is registered.
+    """The argument parser; with ``only``, the parser of just that subcommand, which
+    takes the arguments after the command name.
 
     Registering all ten subcommands costs several milliseconds (argparse builds
     formatters for every option), more than ``dlbricks analyze`` spends on a small
-    corpus, so :func:`main` registers only the command it runs.
+    corpus, so :func:`main` builds only the command it runs.
     """
+    if only is not None:
+        module = _command_module(only)
+        if module is not None:
+            one = _OneCommand()
+            module.add_parser(one)
+            if one.parser is not None:
+                return one.parser
     parser = _ArgumentParser(
         prog="dlbricks",
         description="Benchmark DL models cheaply: decompose into bricks, dedup, time, reconstruct.",
@@ -70,16 +94,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dlbricks {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMANDS:
-        if only is not None and name != only:
-            continue
-        try:
-            module = importlib.import_module(f"dlbricks.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"dlbricks.commands.{name}":
-                continue  # command not available in this build
-            raise
-        module.add_parser(sub)
+        module = _command_module(name)
+        if module is not None:
+            module.add_parser(sub)
     return parser
+
+
+def _command_module(name: str):  # noqa: ANN202
+    """The module of command ``name``, or None if this build lacks it."""
+    try:
+        return importlib.import_module(f"dlbricks.commands.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"dlbricks.commands.{name}":
+            return None
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     # The first argument names the command unless it is an option (--help, --version).
     only = argv[0] if argv and argv[0] in _COMMANDS else None
     parser = build_parser(only)
-    args = parser.parse_args(argv)
+    # A command's own parser takes what follows the command name.
+    alone = only is not None and parser.prog != "dlbricks"
+    args = parser.parse_args(argv[1:] if alone else argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

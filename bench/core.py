@@ -348,6 +348,7 @@ def analyze_split(repeat: int) -> dict:
             timers.wrap(_core.OnnxScan, "finish", "fast_loader_finish_s")
             timers.wrap(_core, "OnnxScan", "fast_loader_scan_s")  # after its methods: this replaces the class
             timers.wrap(_core, "dedup_corpus", "core_s")
+            timers.wrap(_core, "dedup_corpus_many", "core_s")
             timers.wrap(_core, "jaccard_matrix", "core_s")
             sink = io.StringIO()
             try:

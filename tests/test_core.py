@@ -569,6 +569,27 @@ def test_occurrences_sum_to_the_number_of_sequences(graphs: list[Graph], G: int)
 
 
 @SETTINGS
+@given(corpora, st.lists(st.integers(1, 5), min_size=1, max_size=4))
+def test_several_granularities_in_one_pass_equal_one_pass_each(graphs: list[Graph], Gs: list[int]) -> None:
+    # Corpus.splits() asks the core for every missing G at once (layers deduplicated and
+    # orders built once); each result must be exactly that of its own pass.
+    together = Corpus(graphs).splits(Gs)
+    for G, got in zip(Gs, together):
+        alone_corpus = Corpus(graphs)
+        want = alone_corpus.split(G)
+        assert got.G == want.G == G
+        for field in ("seq_model_offsets", "seq_offsets", "seq_members", "seq_ids", "unique_digests",
+                      "unique_first", "model_unique"):
+            assert np.array_equal(getattr(got, field), getattr(want, field)), field
+    one = Corpus(graphs)
+    one.splits(Gs)
+    alone_corpus = Corpus(graphs)
+    alone_corpus.split(Gs[0])
+    assert np.array_equal(one.layer_ids, alone_corpus.layer_ids)
+    assert np.array_equal(one._distinct_per_model(None), alone_corpus._distinct_per_model(None))
+
+
+@SETTINGS
 @given(corpora, st.integers(1, 4), st.data())
 def test_per_model_counts_and_repeats_match_python_sets(graphs: list[Graph], G: int, data: st.DataObject) -> None:
     # The core counts distinct layers and sequences per model and flags repeats while it

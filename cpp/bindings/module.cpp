@@ -97,6 +97,57 @@ py::object type_or_none(const ScanTensorType& t) {
 
 }  // namespace
 
+namespace {
+
+// The corpus arrays as a CorpusView, every length and offset checked. The view points
+// into the arrays, which the caller keeps alive.
+CorpusView corpus_view(const Array<std::int64_t>& node_offsets, const Array<std::int64_t>& edge_offsets,
+                       const Array<std::uint8_t>& digests, const Edges& e) {
+    require_1d(node_offsets, "node_offsets");
+    if (node_offsets.shape(0) < 1) throw std::invalid_argument("node_offsets needs at least one entry");
+    require_1d(edge_offsets, "edge_offsets", node_offsets.shape(0));
+    const std::int64_t m = node_offsets.shape(0) - 1;
+    CorpusView c;
+    c.n_models = m;
+    c.node_offsets = node_offsets.data();
+    c.edge_offsets = edge_offsets.data();
+    c.digests = digest_rows(digests, "digests");
+    if (node_offsets.data()[m] != digests.shape(0))
+        throw std::invalid_argument("node_offsets ends at " + std::to_string(node_offsets.data()[m]) +
+                                    " but there are " + std::to_string(digests.shape(0)) + " digests");
+    GraphView all = e.view(digests.shape(0));
+    if (edge_offsets.data()[m] != all.n_edges)
+        throw std::invalid_argument("edge_offsets ends at " + std::to_string(edge_offsets.data()[m]) +
+                                    " but there are " + std::to_string(all.n_edges) + " edges");
+    c.src = all.src;
+    c.dst = all.dst;
+    c.src_slot = all.src_slot;
+    c.dst_slot = all.dst_slot;
+    return c;
+}
+
+py::dict layers_to_dict(CorpusResult& r) {
+    py::dict out;
+    out["layer_ids"] = to_numpy(std::move(r.layer_ids));
+    out["unique_layer_first"] = to_numpy(std::move(r.unique_layer_first));
+    out["model_unique_layers"] = to_numpy(std::move(r.model_unique_layers));
+    out["layer_repeats"] = to_numpy(std::move(r.layer_repeats));
+    return out;
+}
+
+void add_sequences(py::dict& out, CorpusResult& r) {
+    out["seq_model_offsets"] = to_numpy(std::move(r.seq_model_offsets));
+    out["seq_offsets"] = to_numpy(std::move(r.seq_offsets));
+    out["seq_members"] = to_numpy(std::move(r.seq_members));
+    out["seq_ids"] = to_numpy(std::move(r.seq_ids));
+    out["unique_seq_digests"] = digests_to_numpy(std::move(r.unique_seq_digests));
+    out["unique_seq_first"] = to_numpy(std::move(r.unique_seq_first));
+    out["model_unique_seqs"] = to_numpy(std::move(r.model_unique_seqs));
+}
+
+}  // namespace
+
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "dlbricks C++ core: graph hashing, topological sort, DLBricks split, corpus dedup.";
     m.attr("SEQUENCE_DIGEST_VERSION") = kSequenceDigestVersion;
@@ -169,48 +220,45 @@ PYBIND11_MODULE(_core, m) {
         [](Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
            Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst, std::optional<Array<std::int32_t>> edge_src_slot,
            std::optional<Array<std::int32_t>> edge_dst_slot, int G) {
-            require_1d(node_offsets, "node_offsets");
-            if (node_offsets.shape(0) < 1) throw std::invalid_argument("node_offsets needs at least one entry");
-            require_1d(edge_offsets, "edge_offsets", node_offsets.shape(0));
-            const std::int64_t m = node_offsets.shape(0) - 1;
-            CorpusView c;
-            c.n_models = m;
-            c.node_offsets = node_offsets.data();
-            c.edge_offsets = edge_offsets.data();
-            c.digests = digest_rows(digests, "digests");
-            if (node_offsets.data()[m] != digests.shape(0))
-                throw std::invalid_argument("node_offsets ends at " + std::to_string(node_offsets.data()[m]) +
-                                            " but there are " + std::to_string(digests.shape(0)) + " digests");
             Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
-            GraphView all = e.view(digests.shape(0));
-            if (edge_offsets.data()[m] != all.n_edges)
-                throw std::invalid_argument("edge_offsets ends at " + std::to_string(edge_offsets.data()[m]) +
-                                            " but there are " + std::to_string(all.n_edges) + " edges");
-            c.src = all.src;
-            c.dst = all.dst;
-            c.src_slot = all.src_slot;
-            c.dst_slot = all.dst_slot;
+            const CorpusView c = corpus_view(node_offsets, edge_offsets, digests, e);
             CorpusResult r;
             {
                 py::gil_scoped_release release;
                 r = dedup_corpus(c, G);
             }
-            py::dict out;
-            out["layer_ids"] = to_numpy(std::move(r.layer_ids));
-            out["unique_layer_first"] = to_numpy(std::move(r.unique_layer_first));
-            out["seq_model_offsets"] = to_numpy(std::move(r.seq_model_offsets));
-            out["seq_offsets"] = to_numpy(std::move(r.seq_offsets));
-            out["seq_members"] = to_numpy(std::move(r.seq_members));
-            out["seq_ids"] = to_numpy(std::move(r.seq_ids));
-            out["unique_seq_digests"] = digests_to_numpy(std::move(r.unique_seq_digests));
-            out["unique_seq_first"] = to_numpy(std::move(r.unique_seq_first));
-            out["model_unique_layers"] = to_numpy(std::move(r.model_unique_layers));
-            out["model_unique_seqs"] = to_numpy(std::move(r.model_unique_seqs));
-            out["layer_repeats"] = to_numpy(std::move(r.layer_repeats));
+            py::dict out = layers_to_dict(r);
+            add_sequences(out, r);
             return out;
         },
         py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"),
         py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("G"));
+
+    m.def(
+        "dedup_corpus_many",
+        [](Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
+           Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst, std::optional<Array<std::int32_t>> edge_src_slot,
+           std::optional<Array<std::int32_t>> edge_dst_slot, std::vector<int> Gs) {
+            Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
+            const CorpusView c = corpus_view(node_offsets, edge_offsets, digests, e);
+            std::vector<CorpusResult> rs;
+            {
+                py::gil_scoped_release release;
+                rs = dedup_corpus(c, Gs);
+            }
+            // One dict per G, all sharing the same layer arrays.
+            const py::dict layers = layers_to_dict(rs[0]);
+            py::list out;
+            for (CorpusResult& r : rs) {
+                py::dict d;
+                for (auto item : layers) d[item.first] = item.second;
+                add_sequences(d, r);
+                out.append(d);
+            }
+            return out;
+        },
+        py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"),
+        py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("Gs"));
 
     m.def(
         "jaccard_matrix",

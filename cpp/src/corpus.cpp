@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -194,8 +195,10 @@ private:
 
 }  // namespace
 
-CorpusResult dedup_corpus(const CorpusView& c, int G) {
-    if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
+std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<int>& Gs) {
+    if (Gs.empty()) throw std::invalid_argument("no granularity given");
+    for (int G : Gs)
+        if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
     if (c.n_models < 0) throw std::invalid_argument("model count must be >= 0");
     if (c.n_models > std::numeric_limits<std::int32_t>::max())
         throw std::invalid_argument("at most 2^31 - 1 models per corpus");
@@ -206,23 +209,27 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
             throw std::invalid_argument("offsets of model " + std::to_string(i) + " decrease");
 
     const std::int64_t total_nodes = c.node_offsets[c.n_models];
-    CorpusResult r;
-    r.layer_ids.resize(static_cast<std::size_t>(total_nodes));
-    r.seq_model_offsets.reserve(static_cast<std::size_t>(c.n_models + 1));
-    r.seq_model_offsets.push_back(0);
-    r.seq_offsets.push_back(0);
-    r.seq_members.reserve(static_cast<std::size_t>(total_nodes));
+    std::vector<CorpusResult> results(Gs.size());
+    // Layers are the same at every G: deduplicated once, into the first result.
+    CorpusResult& layers = results[0];
+    layers.layer_ids.resize(static_cast<std::size_t>(total_nodes));
+    layers.model_unique_layers.assign(static_cast<std::size_t>(c.n_models), 0);
+    layers.layer_repeats.assign(static_cast<std::size_t>(total_nodes), 0);
+    std::vector<std::unique_ptr<CorpusSequences>> sequences;
+    for (CorpusResult& r : results) {
+        r.seq_model_offsets.reserve(static_cast<std::size_t>(c.n_models + 1));
+        r.seq_model_offsets.push_back(0);
+        r.seq_offsets.push_back(0);
+        r.seq_members.reserve(static_cast<std::size_t>(total_nodes));
+        r.model_unique_seqs.assign(static_cast<std::size_t>(c.n_models), 0);
+        sequences.push_back(std::make_unique<CorpusSequences>(r));
+    }
 
     // Ids are handed out in first-appearance order; the maps are only lookups, so their
-    // iteration order never shows in the result.
+    // iteration order never shows in the result. Per-model distinct counts and repeats
+    // come from each slot's last model.
     DigestIndex layer_index;
-    CorpusSequences sequences(r);
     std::int32_t n_layers = 0;
-    // Per-model distinct counts and repeats come from each slot's last model.
-    r.model_unique_layers.assign(static_cast<std::size_t>(c.n_models), 0);
-    r.model_unique_seqs.assign(static_cast<std::size_t>(c.n_models), 0);
-    r.layer_repeats.assign(static_cast<std::size_t>(total_nodes), 0);
-
     for (std::int64_t i = 0; i < c.n_models; ++i) {
         const std::int64_t node_base = c.node_offsets[i];
         const std::int64_t edge_base = c.edge_offsets[i];
@@ -238,34 +245,46 @@ CorpusResult dedup_corpus(const CorpusView& c, int G) {
         for (std::int64_t v = 0; v < g.n_nodes; ++v) {
             bool inserted;
             auto& slot = layer_index.find_or_insert(g.digests[v], n_layers, inserted);
-            r.layer_ids[node_base + v] = slot.id;
+            layers.layer_ids[node_base + v] = slot.id;
             if (inserted) {
                 ++n_layers;
-                r.unique_layer_first.push_back(node_base + v);
+                layers.unique_layer_first.push_back(node_base + v);
             }
             if (slot.last_model == i) {
-                r.layer_repeats[node_base + v] = 1;
+                layers.layer_repeats[node_base + v] = 1;
             } else {
                 slot.last_model = static_cast<std::int32_t>(i);
-                ++r.model_unique_layers[i];
+                ++layers.model_unique_layers[i];
             }
         }
 
-        Split split;
-        sequences.begin(static_cast<std::int32_t>(i), g.n_nodes);
+        // The adjacency and the order serve every G.
+        Adjacency adj;
+        std::vector<std::int32_t> order;
         try {
-            const Adjacency adj = build_adjacency(g);
-            split = split_sequences(g, adj, topo_order(g, adj), G, &sequences);
+            adj = build_adjacency(g);
+            order = topo_order(g, adj);
         } catch (const std::invalid_argument& e) {
             throw std::invalid_argument("model " + std::to_string(i) + ": " + e.what());
         }
-        sequences.end();
-        const std::int64_t member_base = static_cast<std::int64_t>(r.seq_members.size());
-        r.seq_members.insert(r.seq_members.end(), split.members.begin(), split.members.end());
-        for (std::size_t s = 0; s + 1 < split.offsets.size(); ++s) r.seq_offsets.push_back(member_base + split.offsets[s + 1]);
-        r.seq_model_offsets.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
+        for (std::size_t k = 0; k < Gs.size(); ++k) {
+            CorpusResult& r = results[k];
+            sequences[k]->begin(static_cast<std::int32_t>(i), g.n_nodes);
+            const Split split = split_sequences(g, adj, order, Gs[k], sequences[k].get());
+            sequences[k]->end();
+            const std::int64_t member_base = static_cast<std::int64_t>(r.seq_members.size());
+            r.seq_members.insert(r.seq_members.end(), split.members.begin(), split.members.end());
+            for (std::size_t s = 0; s + 1 < split.offsets.size(); ++s)
+                r.seq_offsets.push_back(member_base + split.offsets[s + 1]);
+            r.seq_model_offsets.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
+        }
     }
-    return r;
+    return results;
+}
+
+CorpusResult dedup_corpus(const CorpusView& c, int G) {
+    if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
+    return std::move(dedup_corpus(c, std::vector<int>{G})[0]);
 }
 
 std::vector<double> jaccard_matrix(std::int64_t m, const std::int64_t* node_offsets, const std::int32_t* layer_ids) {

@@ -82,6 +82,17 @@ def dedup_corpus(
     *,
     G: _Int,
 ) -> _DedupResult: ...
+def dedup_corpus_many(
+    node_offsets: _Int64Array,
+    edge_offsets: _Int64Array,
+    digests: _UInt8Array,
+    edge_src: _Int32Array,
+    edge_dst: _Int32Array,
+    edge_src_slot: _Int32Array | None = None,
+    edge_dst_slot: _Int32Array | None = None,
+    *,
+    Gs: Sequence[int],
+) -> list[_DedupResult]: ...  # one per G, all holding the same layer arrays
 def jaccard_matrix(node_offsets: _Int64Array, layer_ids: _Int32Array) -> npt.NDArray[np.float64]: ...
 
 # The fast loader (cpp/include/dlbricks/onnx_scan.hpp, docs/core.md).

@@ -164,16 +164,28 @@ class Corpus:
         Raises:
             ValueError: ``G < 1`` or a malformed model (the message names it).
         """
-        if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
-            raise TypeError(f"G must be an int, got {type(G).__name__}")
-        if G < 1:
-            raise ValueError(f"G must be at least 1, got {G}")
-        # Any G of at least the largest model's layer count gives the same split; the
-        # core takes an int32.
-        G = min(int(G), _MAX_G)
-        if G not in self._splits:
+        return self.splits([G])[0]
+
+    def splits(self, Gs: Sequence[int]) -> list[CorpusSplit]:
+        """:meth:`split` at each G of ``Gs``, the ones not cached yet in one core pass
+        (layers deduplicated and each model's order built once for all of them).
+
+        Raises:
+            ValueError: a ``G < 1`` or a malformed model (the message names it).
+        """
+        keys = []
+        for G in Gs:
+            if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
+                raise TypeError(f"G must be an int, got {type(G).__name__}")
+            if G < 1:
+                raise ValueError(f"G must be at least 1, got {G}")
+            # Any G of at least the largest model's layer count gives the same split;
+            # the core takes an int32.
+            keys.append(min(int(G), _MAX_G))
+        missing = list(dict.fromkeys(G for G in keys if G not in self._splits))
+        if missing:
             try:
-                r = _core.dedup_corpus(
+                results = _core.dedup_corpus_many(
                     self.node_offsets,
                     self.edge_offsets,
                     self.digests,
@@ -181,25 +193,27 @@ class Corpus:
                     self._dst,
                     self._src_slot,
                     self._dst_slot,
-                    G,
+                    Gs=missing,
                 )
             except ValueError as exc:
                 raise ValueError(self._name_model(str(exc))) from None
+            r = results[0]
             self._layer_ids = r["layer_ids"]
             self._unique_layer_first = r["unique_layer_first"]
             self._model_unique_layers = r["model_unique_layers"]
             self._layer_repeats = r["layer_repeats"]
-            self._splits[G] = CorpusSplit(
-                G,
-                r["seq_model_offsets"],
-                r["seq_offsets"],
-                r["seq_members"],
-                r["seq_ids"],
-                r["unique_seq_digests"],
-                r["unique_seq_first"],
-                r["model_unique_seqs"],
-            )
-        return self._splits[G]
+            for G, r in zip(missing, results):
+                self._splits[G] = CorpusSplit(
+                    G,
+                    r["seq_model_offsets"],
+                    r["seq_offsets"],
+                    r["seq_members"],
+                    r["seq_ids"],
+                    r["unique_seq_digests"],
+                    r["unique_seq_first"],
+                    r["model_unique_seqs"],
+                )
+        return [self._splits[G] for G in keys]
 
     def _name_model(self, message: str) -> str:
         # The core names models by index; users know them by name.
@@ -237,8 +251,7 @@ class Corpus:
         layers = np.diff(self.node_offsets).tolist()
         unique = self._distinct_per_model(None).tolist()
         per_G = []
-        for G in Gs:
-            sp = self.split(G)
+        for G, sp in zip(Gs, self.splits(Gs)):
             per_G.append((str(G), np.diff(sp.seq_model_offsets).tolist(), sp.model_unique.tolist()))
         repeats = self._repeated_kinds()
         out = []
@@ -291,6 +304,7 @@ class Corpus:
 
     def stats(self, Gs: Sequence[int] = (1,)) -> dict:
         """Corpus statistics: totals, unique layers and unique sequences per G."""
+        splits = self.splits(Gs)  # first: one core pass also dedups the layers
         n = self.n_layers
         u = self.n_unique_layers if n else 0
         out: dict = {
@@ -300,7 +314,6 @@ class Corpus:
             "unique_layer_pct": 100.0 * u / n if n else 0.0,
             "sequences": {},
         }
-        for G in Gs:
-            sp = self.split(G)
+        for G, sp in zip(Gs, splits):
             out["sequences"][str(G)] = {"sequences": sp.n_sequences, "unique_sequences": sp.n_unique}
         return out

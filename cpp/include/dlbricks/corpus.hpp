@@ -45,6 +45,12 @@ struct CorpusResult {
 /// Cost: O(total nodes log + total edges), memory O(total nodes + edges).
 CorpusResult dedup_corpus(const CorpusView& corpus, int G);
 
+/// The same for several granularities in one pass: each model's layers are deduplicated
+/// once and its adjacency and order built once. results[k] is the result at Gs[k]; the
+/// layer fields (layer_ids, unique_layer_first, model_unique_layers, layer_repeats) are
+/// filled in results[0] only. Throws std::invalid_argument as above (or no G given).
+std::vector<CorpusResult> dedup_corpus(const CorpusView& corpus, const std::vector<int>& Gs);
+
 /// Jaccard similarity of the layer sets of every pair of models: |A n B| / |A u B| over
 /// unique layer ids (two empty sets have similarity 1). layer_ids as in CorpusResult.
 /// Returns an m x m row-major matrix. Cost: O(m^2 * L) for L unique layers per model.

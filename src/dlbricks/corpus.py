@@ -273,32 +273,26 @@ class Corpus:
         """Per model, the kinds of its repeated layers (every occurrence of a layer after
         its first within the model) with their counts, most common first and ties in
         order of first repeat, as Counter.most_common orders them. Models without
-        ``layers`` (plain graphs) have none. All models in one numpy pass (cached)."""
+        ``layers`` (plain graphs) have none. The core flags the repeats while it dedups;
+        per model this is one boolean selection and a count over the repeats (cached)."""
         if self._repeats is None:
-            m = len(self.graphs)
-            vocab: dict[str, int] = {}
-            parts = []
-            for g, n in zip(self.graphs, np.diff(self.node_offsets).tolist()):
+            self.layer_ids  # noqa: B018  (computes on first use)
+            assert self._layer_repeats is not None
+            repeats = self._layer_repeats.view(bool)
+            offsets = self.node_offsets.tolist()
+            out: list[dict[str, int]] = []
+            for i, g in enumerate(self.graphs):
                 layers = getattr(g, "layers", None)
-                if layers is None:
-                    parts.append(np.full(n, -1, dtype=np.int64))
+                if layers is None or offsets[i] == offsets[i + 1]:
+                    out.append({})
                     continue
                 table, codes = layer_kind_codes(layers)
-                remap = np.array([vocab.setdefault(k, len(vocab)) for k in table], dtype=np.int64)
-                parts.append(remap[codes] if n else np.empty(0, np.int64))
-            codes = np.concatenate(parts) if parts else np.empty(0, np.int64)
-            out: list[dict[str, int]] = [{} for _ in range(m)]
-            if codes.size and vocab:
-                self.layer_ids  # noqa: B018  (computes on first use)
-                assert self._layer_repeats is not None
-                model = np.repeat(np.arange(m, dtype=np.int64), np.diff(self.node_offsets))
-                pos = np.flatnonzero((codes >= 0) & (self._layer_repeats != 0))
-                k = len(vocab)
-                pairs, first_at, counts = np.unique(model[pos] * k + codes[pos], return_index=True, return_counts=True)
-                order = np.lexsort((pos[first_at], -counts, pairs // k))
-                names = list(vocab)
-                for pair, count in zip(pairs[order].tolist(), counts[order].tolist()):
-                    out[pair // k][names[pair % k]] = count
+                counts: dict[int, int] = {}  # in order of first repeat
+                for code in codes[repeats[offsets[i] : offsets[i + 1]]].tolist():
+                    counts[code] = counts.get(code, 0) + 1
+                # sorted() is stable: equal counts keep the order of first repeat.
+                ranked = sorted(counts.items(), key=lambda kv: kv[1], reverse=True)
+                out.append({table[code]: n for code, n in ranked})
             self._repeats = out
         return self._repeats
 

@@ -99,9 +99,9 @@ def iter_model_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     out: list[Path] = []
-    seen: set[Path] = set()
+    seen: set[str] = set()  # str(path): Path's own hash costs more than the lookup
     for p in paths:
-        path = Path(p)
+        path = p if isinstance(p, Path) else Path(p)
         try:
             is_dir = stat.S_ISDIR(os.stat(path).st_mode)  # one stat per path
         except (OSError, ValueError):
@@ -113,8 +113,9 @@ def iter_model_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
         else:
             found = [path]
         for f in found:
-            if f not in seen:
-                seen.add(f)
+            key = str(f)
+            if key not in seen:
+                seen.add(key)
                 out.append(f)
     return out
 
@@ -155,7 +156,7 @@ def load(
         return _load_proto(source, label, None, name, input_shapes, {})
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"load() expects a path or an onnx.ModelProto, got {type(source).__name__}")
-    path = Path(source)
+    path = source if isinstance(source, Path) else Path(source)
     label = os.fspath(source)
     if _FAST_PATH and not input_shapes:
         fast = _load_fast(path, label, name or path.stem)

@@ -1084,7 +1084,9 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         act[input_ids_[k]] = tt.intern(inputs[k].type.elem_type, input_shapes[k].data(), input_shapes[k].size());
 
     // Fold: Shape/Size of typed tensors, and every node whose inputs are all constant.
-    std::vector<std::optional<std::vector<std::int64_t>>> folded(names);
+    // Values of folded Shape/Size outputs (few names have one): index per name, -1 none.
+    std::vector<std::int32_t> folded_at(names, -1);
+    std::vector<std::vector<std::int64_t>> folded;
     std::vector<char> is_const(names, 0), used(names, 0);
     for (const auto& t : inits_) is_const[t.name] = 1;
     for (std::int32_t o : output_ids_) used[o] = 1;
@@ -1116,7 +1118,8 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                 const std::int64_t len = static_cast<std::int64_t>(v.size());
                 cid[o] = tt.intern(kInt64, &len, 1);
             }
-            folded[o] = std::move(v);
+            folded_at[o] = static_cast<std::int32_t>(folded.size());
+            folded.push_back(std::move(v));
             is_const[o] = 1;
             continue;
         }
@@ -1135,6 +1138,9 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     res.layer_nodes.reserve(n_layers);
     res.layer_op_keys.reserve(n_layers);
     res.digests.reserve(n_layers);
+    res.layer_name_ends.reserve(n_layers);
+    for (auto* edges : {&res.edge_src, &res.edge_src_slot, &res.edge_dst, &res.edge_dst_slot})
+        edges->reserve(n_layers + n_layers / 2);  // most layers read one or two activations
 
     // Resize's scales/sizes and Upsample's scales count by value (digest.constant_role).
     std::vector<std::uint8_t> size_op(op_keys.size(), 0);  // 1 Resize, 2 Upsample
@@ -1169,8 +1175,8 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             }
             return false;
         }
-        if (folded[t]) {
-            for (std::int64_t v : *folded[t]) put_u64(out, static_cast<std::uint64_t>(v));
+        if (folded_at[t] >= 0) {
+            for (std::int64_t v : folded[static_cast<std::size_t>(folded_at[t])]) put_u64(out, static_cast<std::uint64_t>(v));
             return true;
         }
         return false;

@@ -11,6 +11,21 @@
 namespace dlbricks {
 namespace {
 
+// Doubles an open-addressing table (1024 slots to start) whose slots mark empty with
+// id < 0, re-placing every used slot by linear probing from hash_of(slot).
+template <class Slot, class HashOf>
+void grow_table(std::vector<Slot>& slots, std::size_t& mask, HashOf hash_of) {
+    std::vector<Slot> old = std::move(slots);
+    slots.assign(old.empty() ? 1024 : 2 * old.size(), Slot{});
+    mask = slots.size() - 1;
+    for (const Slot& s : old)
+        if (s.id >= 0) {
+            std::size_t i = static_cast<std::size_t>(hash_of(s)) & mask;
+            while (slots[i].id >= 0) i = (i + 1) & mask;
+            slots[i] = s;
+        }
+}
+
 // Open addressing with linear probing over a power-of-two table of (digest, id) slots:
 // one cache line per lookup (std::unordered_map costs a bucket load plus a chain of
 // node loads, and a division by a prime). Digests are uniform, so their first 8
@@ -50,15 +65,7 @@ public:
 private:
     static std::size_t hash(const Digest128& d) { return Digest128Hash{}(d); }
     void grow() {
-        std::vector<Slot> old = std::move(slots_);
-        slots_.assign(old.empty() ? 1024 : 2 * old.size(), Slot{});
-        mask_ = slots_.size() - 1;
-        for (const Slot& s : old)
-            if (s.id >= 0) {
-                std::size_t i = hash(s.key) & mask_;
-                while (slots_[i].id >= 0) i = (i + 1) & mask_;
-                slots_[i] = s;
-            }
+        grow_table(slots_, mask_, [](const Slot& s) { return hash(s.key); });
     }
     std::vector<Slot> slots_;
     std::size_t mask_ = 0;
@@ -120,15 +127,7 @@ public:
 
 private:
     void grow() {
-        std::vector<Slot> old = std::move(slots_);
-        slots_.assign(old.empty() ? 1024 : 2 * old.size(), Slot{});
-        mask_ = slots_.size() - 1;
-        for (const Slot& s : old)
-            if (s.id >= 0) {
-                std::size_t i = s.hash & mask_;
-                while (slots_[i].id >= 0) i = (i + 1) & mask_;
-                slots_[i] = s;
-            }
+        grow_table(slots_, mask_, [](const Slot& s) { return s.hash; });
     }
     std::vector<Slot> slots_;
     std::size_t mask_ = 0;
@@ -283,7 +282,6 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<in
 }
 
 CorpusResult dedup_corpus(const CorpusView& c, int G) {
-    if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
     return std::move(dedup_corpus(c, std::vector<int>{G})[0]);
 }
 

@@ -197,11 +197,11 @@ class Corpus:
                 )
             except ValueError as exc:
                 raise ValueError(self._name_model(str(exc))) from None
-            r = results[0]
-            self._layer_ids = r["layer_ids"]
-            self._unique_layer_first = r["unique_layer_first"]
-            self._model_unique_layers = r["model_unique_layers"]
-            self._layer_repeats = r["layer_repeats"]
+            layers = results[0]  # every result holds the same layer arrays
+            self._layer_ids = layers["layer_ids"]
+            self._unique_layer_first = layers["unique_layer_first"]
+            self._model_unique_layers = layers["model_unique_layers"]
+            self._layer_repeats = layers["layer_repeats"]
             for G, r in zip(missing, results):
                 self._splits[G] = CorpusSplit(
                     G,
@@ -248,10 +248,11 @@ class Corpus:
         """:meth:`model_stats` of every model (or just model ``only``), from whole-corpus
         arrays: per-model Python is only the building of each dict."""
         rows = range(len(self.graphs)) if only is None else [range(len(self.graphs))[only]]
+        splits = self.splits(Gs)  # first: one core pass also dedups the layers
         layers = np.diff(self.node_offsets).tolist()
         unique = self._distinct_per_model(None).tolist()
         per_G = []
-        for G, sp in zip(Gs, self.splits(Gs)):
+        for G, sp in zip(Gs, splits):
             per_G.append((str(G), np.diff(sp.seq_model_offsets).tolist(), sp.model_unique.tolist()))
         repeats = self._repeated_kinds()
         out = []

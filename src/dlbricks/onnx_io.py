@@ -382,10 +382,7 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
 
     digests = res["digests"]
     # Absolute: the layers may be built after the caller has changed directory.
-    where = source
-    if not isinstance(source, onnx.ModelProto) and not os.path.isabs(source):
-        where = Path(os.getcwd(), source)
-    full = _FullModel(where, label, name, digests)
+    full = _FullModel(source if isinstance(source, onnx.ModelProto) else source.absolute(), label, name, digests)
     tts: dict[tuple[int, tuple[int, ...]], TensorType] = {}
     for n_, e, s in act_inputs:
         tts.setdefault((e, s), TensorType(e, s))

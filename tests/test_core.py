@@ -558,6 +558,50 @@ def test_unique_ids_name_distinct_digests_in_first_appearance_order(graphs: list
 
 
 @SETTINGS
+@given(corpora, st.lists(st.integers(1, 5), min_size=1, max_size=3))
+def test_sequence_keys_hash_to_the_digests_the_core_computes(graphs: list[Graph], Gs: list[int]) -> None:
+    # Corpus asks the core for each unique sequence's canonical bytes, not its digest;
+    # hashing them must give exactly what the core hashes when asked for digests.
+    Gs = list(dict.fromkeys(Gs))
+    corpus = Corpus(graphs)
+    args = (corpus.node_offsets, corpus.edge_offsets, corpus.digests, corpus._src, corpus._dst,
+            corpus._src_slot, corpus._dst_slot)
+    with_digests = _core.dedup_corpus_many(*args, Gs=Gs)
+    for G, sp, direct in zip(Gs, corpus.splits(Gs), with_digests):
+        assert "unique_seq_keys" not in direct
+        offsets = sp.unique_key_offsets.tolist()
+        keys = [bytes(sp.unique_keys[a:b]) for a, b in zip(offsets, offsets[1:])]
+        assert len(set(keys)) == len(keys) == sp.n_unique
+        assert not sp._digests  # nothing hashed yet
+        assert [_core.digest128(k) for k in keys] == [bytes(d) for d in direct["unique_seq_digests"]]
+        assert np.array_equal(sp.unique_digests, direct["unique_seq_digests"])
+        assert sp.unique_digests is sp.unique_digests  # hashed once
+        assert np.array_equal(_core.dedup_corpus(*args, G=G)["unique_seq_digests"], sp.unique_digests)
+
+
+def test_statistics_hash_no_sequence() -> None:
+    graphs = [make_graph([0, 1, 0, 1], [(0, 1), (1, 2), (2, 3)]), make_graph([1, 0], [(0, 1)])]
+    corpus = Corpus(graphs)
+    corpus.stats([1, 2, 3])
+    corpus.models_stats([1, 2, 3])
+    assert all(not corpus.split(G)._digests for G in (1, 2, 3))
+
+
+@pytest.mark.parametrize(
+    ("keys", "offsets", "message"),
+    [
+        (b"abc", [1, 3], "key offsets must start at 0"),
+        (b"abc", [0, 2, 1, 3], "key offsets decrease at 1"),
+        (b"abc", [0, 2], "key_offsets must end at len(keys)"),
+        (b"", [], "key_offsets needs at least one entry"),
+    ],
+)
+def test_sequence_digests_reject_bad_offsets(keys: bytes, offsets: list[int], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _core.sequence_digests(np.frombuffer(keys, np.uint8), np.array(offsets, np.int64))
+
+
+@SETTINGS
 @given(corpora, st.integers(1, 4))
 def test_occurrences_sum_to_the_number_of_sequences(graphs: list[Graph], G: int) -> None:
     cs = Corpus(graphs).split(G)

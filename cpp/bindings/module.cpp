@@ -140,7 +140,12 @@ void add_sequences(py::dict& out, CorpusResult& r) {
     out["seq_offsets"] = to_numpy(std::move(r.seq_offsets));
     out["seq_members"] = to_numpy(std::move(r.seq_members));
     out["seq_ids"] = to_numpy(std::move(r.seq_ids));
-    out["unique_seq_digests"] = digests_to_numpy(std::move(r.unique_seq_digests));
+    if (r.unique_seq_key_offsets.empty()) {
+        out["unique_seq_digests"] = digests_to_numpy(std::move(r.unique_seq_digests));
+    } else {
+        out["unique_seq_keys"] = to_numpy(std::move(r.unique_seq_keys));
+        out["unique_seq_key_offsets"] = to_numpy(std::move(r.unique_seq_key_offsets));
+    }
     out["unique_seq_first"] = to_numpy(std::move(r.unique_seq_first));
     out["model_unique_seqs"] = to_numpy(std::move(r.model_unique_seqs));
 }
@@ -219,32 +224,33 @@ PYBIND11_MODULE(_core, m) {
         "dedup_corpus",
         [](Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
            Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst, std::optional<Array<std::int32_t>> edge_src_slot,
-           std::optional<Array<std::int32_t>> edge_dst_slot, int G) {
+           std::optional<Array<std::int32_t>> edge_dst_slot, int G, bool with_digests) {
             Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
             const CorpusView c = corpus_view(node_offsets, edge_offsets, digests, e);
             CorpusResult r;
             {
                 py::gil_scoped_release release;
-                r = dedup_corpus(c, G);
+                r = dedup_corpus(c, G, with_digests);
             }
             py::dict out = layers_to_dict(r);
             add_sequences(out, r);
             return out;
         },
         py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"),
-        py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("G"));
+        py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("G"),
+        py::arg("sequence_digests") = true);
 
     m.def(
         "dedup_corpus_many",
         [](Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
            Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst, std::optional<Array<std::int32_t>> edge_src_slot,
-           std::optional<Array<std::int32_t>> edge_dst_slot, std::vector<int> Gs) {
+           std::optional<Array<std::int32_t>> edge_dst_slot, std::vector<int> Gs, bool with_digests) {
             Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
             const CorpusView c = corpus_view(node_offsets, edge_offsets, digests, e);
             std::vector<CorpusResult> rs;
             {
                 py::gil_scoped_release release;
-                rs = dedup_corpus(c, Gs);
+                rs = dedup_corpus(c, Gs, with_digests);
             }
             // One dict per G, all sharing the same layer arrays.
             const py::dict layers = layers_to_dict(rs[0]);
@@ -258,7 +264,27 @@ PYBIND11_MODULE(_core, m) {
             return out;
         },
         py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"),
-        py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("Gs"));
+        py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("Gs"),
+        py::arg("sequence_digests") = true);
+
+    m.def(
+        "sequence_digests",
+        [](Array<std::uint8_t> keys, Array<std::int64_t> key_offsets) {
+            require_1d(keys, "keys");
+            require_1d(key_offsets, "key_offsets");
+            if (key_offsets.shape(0) < 1) throw std::invalid_argument("key_offsets needs at least one entry");
+            const std::int64_t n = key_offsets.shape(0) - 1;
+            if (key_offsets.data()[n] != keys.shape(0))
+                throw std::invalid_argument("key_offsets must end at len(keys)");
+            std::vector<Digest128> out;
+            {
+                py::gil_scoped_release release;
+                out = sequence_digests(keys.data(), key_offsets.data(), n);
+            }
+            return digests_to_numpy(std::move(out));
+        },
+        py::arg("keys"), py::arg("key_offsets"),
+        "Sequence digests of canonical keys (dedup_corpus(..., sequence_digests=False) returns them).");
 
     m.def(
         "jaccard_matrix",

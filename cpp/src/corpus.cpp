@@ -88,6 +88,14 @@ public:
         std::uint64_t size = 0;
     };
 
+    /// The keys in id order, back to back (slot.at is where each begins); the index is
+    /// empty afterwards.
+    std::vector<std::uint8_t> take_keys() {
+        slots_.clear();
+        mask_ = count_ = 0;
+        return std::move(arena_);
+    }
+
     /// Room for n more keys without growing (so prefetched slots stay where they are).
     void reserve(std::size_t n) {
         while (2 * (count_ + n) > slots_.size()) grow();
@@ -141,7 +149,9 @@ private:
 // lookup right after hashing waited for memory every time.
 class CorpusSequences final : public SequenceSink {
 public:
-    explicit CorpusSequences(CorpusResult& r) : r_(r) {}
+    CorpusSequences(CorpusResult& r, bool digests) : r_(r), digests_(digests) {
+        if (!digests_) r_.unique_seq_key_offsets.push_back(0);
+    }
 
     /// Starts model `model`, which has at most `max_sequences` sequences.
     void begin(std::int32_t model, std::int64_t max_sequences) {
@@ -168,7 +178,10 @@ public:
             const std::int32_t id = slot.id;
             if (inserted) {
                 ++n_seqs_;
-                r_.unique_seq_digests.push_back(digest128(key, p.size));
+                if (digests_)
+                    r_.unique_seq_digests.push_back(digest128(key, p.size));
+                else  // the key went to the end of the index's arena
+                    r_.unique_seq_key_offsets.push_back(static_cast<std::int64_t>(slot.at + p.size));
                 r_.unique_seq_first.push_back(static_cast<std::int64_t>(r_.seq_ids.size()));
             }
             if (slot.last_model != model_) {
@@ -179,12 +192,18 @@ public:
         }
     }
 
+    /// After the last model: hands the unique keys over (without digests).
+    void done() {
+        if (!digests_) r_.unique_seq_keys = index_.take_keys();
+    }
+
 private:
     struct Pending {
         std::uint64_t hash;
         std::size_t at, size;  // in bytes_
     };
     CorpusResult& r_;
+    const bool digests_;
     SequenceIndex index_;
     std::vector<Pending> pending_;
     std::vector<std::uint8_t> bytes_;
@@ -194,7 +213,7 @@ private:
 
 }  // namespace
 
-std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<int>& Gs) {
+std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<int>& Gs, bool digests) {
     if (Gs.empty()) throw std::invalid_argument("no granularity given");
     for (int G : Gs)
         if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
@@ -221,7 +240,7 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<in
         r.seq_offsets.push_back(0);
         r.seq_members.reserve(static_cast<std::size_t>(total_nodes));
         r.model_unique_seqs.assign(static_cast<std::size_t>(c.n_models), 0);
-        sequences.push_back(std::make_unique<CorpusSequences>(r));
+        sequences.push_back(std::make_unique<CorpusSequences>(r, digests));
     }
 
     // Ids are handed out in first-appearance order; the maps are only lookups, so their
@@ -278,11 +297,24 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<in
             r.seq_model_offsets.push_back(static_cast<std::int64_t>(r.seq_ids.size()));
         }
     }
+    for (auto& s : sequences) s->done();
     return results;
 }
 
-CorpusResult dedup_corpus(const CorpusView& c, int G) {
-    return std::move(dedup_corpus(c, std::vector<int>{G})[0]);
+CorpusResult dedup_corpus(const CorpusView& c, int G, bool digests) {
+    return std::move(dedup_corpus(c, std::vector<int>{G}, digests)[0]);
+}
+
+std::vector<Digest128> sequence_digests(const std::uint8_t* keys, const std::int64_t* offsets, std::int64_t n) {
+    if (n < 0) throw std::invalid_argument("key count must be >= 0");
+    if (offsets[0] != 0) throw std::invalid_argument("key offsets must start at 0");
+    for (std::int64_t u = 0; u < n; ++u)
+        if (offsets[u + 1] < offsets[u]) throw std::invalid_argument("key offsets decrease at " + std::to_string(u));
+    std::vector<Digest128> out(static_cast<std::size_t>(n));
+    for (std::int64_t u = 0; u < n; ++u)
+        out[static_cast<std::size_t>(u)] =
+            digest128(keys + offsets[u], static_cast<std::size_t>(offsets[u + 1] - offsets[u]));
+    return out;
 }
 
 std::vector<double> jaccard_matrix(std::int64_t m, const std::int64_t* node_offsets, const std::int32_t* layer_ids) {

@@ -4,7 +4,7 @@
 
 import mmap
 from collections.abc import Mapping, Sequence
-from typing import Annotated, SupportsIndex, SupportsInt, TypedDict, overload
+from typing import Annotated, NotRequired, SupportsIndex, SupportsInt, TypedDict, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +24,11 @@ class _DedupResult(TypedDict):
     seq_offsets: npt.NDArray[np.int64]
     seq_members: npt.NDArray[np.int32]
     seq_ids: npt.NDArray[np.int32]
-    unique_seq_digests: npt.NDArray[np.uint8]
+    # With sequence_digests=True (the default) the digests; otherwise the canonical
+    # bytes of each unique sequence, for sequence_digests() to hash.
+    unique_seq_digests: NotRequired[npt.NDArray[np.uint8]]
+    unique_seq_keys: NotRequired[npt.NDArray[np.uint8]]
+    unique_seq_key_offsets: NotRequired[npt.NDArray[np.int64]]
     unique_seq_first: npt.NDArray[np.int64]
     model_unique_layers: npt.NDArray[np.int64]
     model_unique_seqs: npt.NDArray[np.int64]
@@ -69,6 +73,7 @@ def dedup_corpus(
     edge_src_slot: _Int32Array | None,
     edge_dst_slot: _Int32Array | None,
     G: _Int,
+    sequence_digests: bool = True,
 ) -> _DedupResult: ...
 @overload
 def dedup_corpus(
@@ -81,6 +86,7 @@ def dedup_corpus(
     edge_dst_slot: _Int32Array | None = None,
     *,
     G: _Int,
+    sequence_digests: bool = True,
 ) -> _DedupResult: ...
 def dedup_corpus_many(
     node_offsets: _Int64Array,
@@ -92,7 +98,10 @@ def dedup_corpus_many(
     edge_dst_slot: _Int32Array | None = None,
     *,
     Gs: Sequence[int],
+    sequence_digests: bool = True,
 ) -> list[_DedupResult]: ...  # one per G, all holding the same layer arrays
+def sequence_digests(keys: _UInt8Array, key_offsets: _Int64Array) -> npt.NDArray[np.uint8]:
+    """Sequence digests of canonical keys (dedup_corpus(..., sequence_digests=False) returns them)."""
 def jaccard_matrix(node_offsets: _Int64Array, layer_ids: _Int32Array) -> npt.NDArray[np.float64]: ...
 
 # The fast loader (cpp/include/dlbricks/onnx_scan.hpp, docs/core.md).

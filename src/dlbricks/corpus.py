@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -21,9 +21,12 @@ class CorpusSplit:
         seq_model_offsets: model ``i`` owns sequences ``[a, b)`` of the flat lists.
         seq_offsets, seq_members: flat sequence membership (model-local layer indices).
         seq_ids: unique-sequence id of every sequence.
-        unique_digests: (U, 16) digests of the unique sequences, first-appearance order.
         unique_first: flat index of each unique sequence's first occurrence.
         model_unique: distinct sequence ids within each model.
+        unique_keys, unique_key_offsets: the canonical bytes of each unique sequence
+            (the digest's input, docs/digests.md), back to back.
+        unique_digests: (U, 16) digests of the unique sequences, first-appearance order
+            (hashed from the keys on first use: counting unique sequences needs none).
     """
 
     G: int
@@ -31,13 +34,22 @@ class CorpusSplit:
     seq_offsets: np.ndarray
     seq_members: np.ndarray
     seq_ids: np.ndarray
-    unique_digests: np.ndarray
     unique_first: np.ndarray
     model_unique: np.ndarray
+    unique_keys: np.ndarray
+    unique_key_offsets: np.ndarray
+    _digests: list = field(default_factory=list, repr=False, compare=False)  # [digests] once hashed
+
+    @property
+    def unique_digests(self) -> np.ndarray:
+        if not self._digests:
+            # Two threads may both hash; either result is the same array's worth.
+            self._digests.append(_core.sequence_digests(self.unique_keys, self.unique_key_offsets))
+        return self._digests[0]
 
     @property
     def n_unique(self) -> int:
-        return int(self.unique_digests.shape[0])
+        return int(self.unique_key_offsets.shape[0]) - 1
 
     @property
     def n_sequences(self) -> int:
@@ -194,6 +206,7 @@ class Corpus:
                     self._src_slot,
                     self._dst_slot,
                     Gs=missing,
+                    sequence_digests=False,
                 )
             except ValueError as exc:
                 raise ValueError(self._name_model(str(exc))) from None
@@ -209,9 +222,10 @@ class Corpus:
                     r["seq_offsets"],
                     r["seq_members"],
                     r["seq_ids"],
-                    r["unique_seq_digests"],
                     r["unique_seq_first"],
                     r["model_unique_seqs"],
+                    r["unique_seq_keys"],
+                    r["unique_seq_key_offsets"],
                 )
         return [self._splits[G] for G in keys]
 

@@ -33,7 +33,11 @@ struct CorpusResult {
     std::vector<std::int64_t> seq_offsets;         // S + 1: into seq_members
     std::vector<std::int32_t> seq_members;         // model-local node indices
     std::vector<std::int32_t> seq_ids;             // per sequence: unique sequence id
-    std::vector<Digest128> unique_seq_digests;
+    std::vector<Digest128> unique_seq_digests;     // per unique sequence (when asked for)
+    // Otherwise each unique sequence's canonical bytes (the digest's input), back to back:
+    // sequence u is unique_seq_keys[offsets[u], offsets[u+1]). See sequence_digests().
+    std::vector<std::uint8_t> unique_seq_keys;
+    std::vector<std::int64_t> unique_seq_key_offsets;  // U + 1, starts at 0
     std::vector<std::int64_t> unique_seq_first;    // per unique sequence: global sequence index
     std::vector<std::int64_t> model_unique_layers;  // m: distinct layer ids within each model
     std::vector<std::int64_t> model_unique_seqs;    // m: distinct sequence ids within each model
@@ -41,15 +45,24 @@ struct CorpusResult {
 };
 
 /// Splits every model at granularity G and dedups layers and sequences across the
-/// corpus. Throws std::invalid_argument naming the model and the problem.
+/// corpus. Sequences are deduplicated by their canonical bytes; with `digests` each
+/// unique one is then hashed (unique_seq_digests), without it its bytes are returned
+/// instead (unique_seq_keys), for sequence_digests() to hash when the digests are
+/// wanted: counting unique sequences needs no digest. Throws std::invalid_argument
+/// naming the model and the problem.
 /// Cost: O(total nodes log + total edges), memory O(total nodes + edges).
-CorpusResult dedup_corpus(const CorpusView& corpus, int G);
+CorpusResult dedup_corpus(const CorpusView& corpus, int G, bool digests = true);
 
 /// The same for several granularities in one pass: each model's layers are deduplicated
 /// once and its adjacency and order built once. results[k] is the result at Gs[k]; the
 /// layer fields (layer_ids, unique_layer_first, model_unique_layers, layer_repeats) are
 /// filled in results[0] only. Throws std::invalid_argument as above (or no G given).
-std::vector<CorpusResult> dedup_corpus(const CorpusView& corpus, const std::vector<int>& Gs);
+std::vector<CorpusResult> dedup_corpus(const CorpusView& corpus, const std::vector<int>& Gs, bool digests = true);
+
+/// The sequence digest of each of n canonical byte strings keys[offsets[u], offsets[u+1])
+/// (as dedup_corpus returns them without digests). Throws std::invalid_argument if the
+/// offsets do not start at 0 or decrease. Cost: O(key bytes).
+std::vector<Digest128> sequence_digests(const std::uint8_t* keys, const std::int64_t* offsets, std::int64_t n);
 
 /// Jaccard similarity of the layer sets of every pair of models: |A n B| / |A u B| over
 /// unique layer ids (two empty sets have similarity 1). layer_ids as in CorpusResult.

@@ -108,6 +108,36 @@ def test_text_output_names_every_model_and_can_go_to_a_file(capsys, tmp_path, li
     assert json.loads(target.read_text())["models"][0]["name"] == "light_squeezenet"
 
 
+def test_output_file_replaces_an_old_one_and_creates_folders(capsys, tmp_path):
+    target = tmp_path / "new" / "deeper" / "a.json"
+    code, _, err = analyze(capsys, "--json", "-o", str(target), light("squeezenet"))
+    assert code == 0, err
+    first = json.loads(target.read_text())
+    target.write_text("old")
+    code, _, err = analyze(capsys, "--json", "-o", str(target), light("squeezenet"))
+    assert code == 0, err
+    second = json.loads(target.read_text())
+    assert first.pop("timing").keys() == second.pop("timing").keys()
+    assert second == first
+    assert sorted(p.name for p in target.parent.iterdir()) == ["a.json"]  # no temporary file
+
+
+@pytest.mark.parametrize(
+    ("where", "cause"),
+    [("a_file/x.json", "Not a directory"), ("a_dir", "Is a directory")],
+)
+def test_unwritable_output_file_is_one_line_and_leaves_nothing(capsys, tmp_path, where, cause):
+    (tmp_path / "a_file").write_text("keep")
+    (tmp_path / "a_dir").mkdir()
+    target = tmp_path / where
+    code, out, err = analyze(capsys, "--json", "-o", str(target), light("squeezenet"))
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"dlbricks analyze: error: {target}: cannot write the file ({cause})"]
+    assert (tmp_path / "a_file").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "a_file"]
+    assert list((tmp_path / "a_dir").iterdir()) == []
+
+
 def test_copies_with_different_weights_share_every_layer(capsys, tmp_path):
     for name, seed in (("a", 1), ("b", 2)):
         onnx.save(_conv_net(seed), tmp_path / f"{name}.onnx")

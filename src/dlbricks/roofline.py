@@ -68,6 +68,7 @@ import numpy as np
 
 from dlbricks.corpus import Corpus
 from dlbricks.costmodel import LayerCost, layer_cost, roofline_terms
+from dlbricks.files import write_atomically
 from dlbricks.graph import critical_path
 from dlbricks.model import DlbricksError, Model, ModelError
 
@@ -753,11 +754,7 @@ def plot_roofline(analysis: RooflineAnalysis, path: str | os.PathLike[str] | Non
     fig.savefig(buf, format="png")
     data = buf.getvalue()
     if path is not None:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, p)
+        write_atomically(path, data)
     return data
 
 

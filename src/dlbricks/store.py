@@ -30,6 +30,7 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from dlbricks.model import DlbricksError
+from dlbricks.files import write_atomically
 from dlbricks.timing import Failure, Measurement, RunnerConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -673,7 +674,7 @@ class Store:
             }
             text = json.dumps(doc, indent=1) + "\n"
         if isinstance(file, (str, os.PathLike)):
-            Path(file).write_text(text)
+            write_atomically(file, text)
         else:
             file.write(text)
         return len(records)

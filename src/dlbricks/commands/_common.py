@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dlbricks.files import write_atomically
 from dlbricks.model import UsageError
 
 
@@ -98,12 +99,8 @@ def emit(args: argparse.Namespace, text: str | None, obj: Any) -> None:
         payload = text
     output = getattr(args, "output", None)
     if output:
-        path = Path(output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(payload)
-        os.replace(tmp, path)
-        print(f"wrote {path}", file=sys.stderr)
+        write_atomically(output, payload)
+        print(f"wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(payload)
 

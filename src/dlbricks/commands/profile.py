@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from dlbricks.commands._common import parse_input_shapes, positive_int
+from dlbricks.files import write_atomically
 from dlbricks.model import UsageError
 
 
@@ -86,11 +87,8 @@ def run(args: argparse.Namespace) -> int:
         recorder.shutdown()
     if args.trace:
         path = Path(args.trace)
-        path.parent.mkdir(parents=True, exist_ok=True)
         trace = recorder.chrome_trace(metadata={"model": result["model"], "context": result["context"]})
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(trace, separators=(",", ":")))
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(trace, separators=(",", ":")))
         print(f"dlbricks profile: wrote trace {path} ({len(trace['traceEvents'])} events)", file=sys.stderr)
     if args.otel_file:
         print(f"dlbricks profile: appended OpenTelemetry spans to {args.otel_file}", file=sys.stderr)

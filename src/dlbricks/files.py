@@ -1,0 +1,51 @@
+"""Writing output files whole or not at all."""
+
+from __future__ import annotations
+
+import os
+
+from dlbricks.model import UsageError
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+
+
+def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write ``data`` (str as UTF-8) to ``path``: into a temporary file beside it, then
+    renamed over it, so readers see the old file or the new one, never a part. Missing
+    folders are created.
+
+    os-level calls: a Python file object costs four more system calls (fstat, isatty,
+    seeks) than the write itself, and the folder is created only when it is missing.
+
+    Raises:
+        UsageError: the file cannot be written (the message names it and says why); the
+            temporary file is removed.
+    """
+    target = os.fspath(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = f"{target}.{os.getpid()}.tmp"  # one per process: concurrent writers never share it
+    created = False
+    try:
+        try:
+            fd = os.open(tmp, _WRITE_FLAGS, 0o666)
+        except FileNotFoundError:
+            parent = os.path.dirname(tmp)
+            if not parent:
+                raise
+            os.makedirs(parent, exist_ok=True)
+            fd = os.open(tmp, _WRITE_FLAGS, 0o666)
+        created = True
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except OSError as exc:
+        if created:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise UsageError(f"{target}: cannot write the file ({exc.strerror or exc})") from None

@@ -150,6 +150,31 @@ void add_sequences(py::dict& out, CorpusResult& r) {
     out["model_unique_seqs"] = to_numpy(std::move(r.model_unique_seqs));
 }
 
+// Both dedup entry points: one dict per G (the single-G one takes the first), all
+// sharing the same layer arrays.
+py::list dedup_to_dicts(Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
+                        Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst,
+                        std::optional<Array<std::int32_t>> edge_src_slot,
+                        std::optional<Array<std::int32_t>> edge_dst_slot, const std::vector<int>& Gs,
+                        bool with_digests) {
+    Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
+    const CorpusView c = corpus_view(node_offsets, edge_offsets, digests, e);
+    std::vector<CorpusResult> rs;
+    {
+        py::gil_scoped_release release;
+        rs = dedup_corpus(c, Gs, with_digests);
+    }
+    const py::dict layers = layers_to_dict(rs[0]);
+    py::list out;
+    for (CorpusResult& r : rs) {
+        py::dict d;
+        for (auto item : layers) d[item.first] = item.second;
+        add_sequences(d, r);
+        out.append(d);
+    }
+    return out;
+}
+
 }  // namespace
 
 
@@ -225,47 +250,18 @@ PYBIND11_MODULE(_core, m) {
         [](Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
            Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst, std::optional<Array<std::int32_t>> edge_src_slot,
            std::optional<Array<std::int32_t>> edge_dst_slot, int G, bool with_digests) {
-            Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
-            const CorpusView c = corpus_view(node_offsets, edge_offsets, digests, e);
-            CorpusResult r;
-            {
-                py::gil_scoped_release release;
-                r = dedup_corpus(c, G, with_digests);
-            }
-            py::dict out = layers_to_dict(r);
-            add_sequences(out, r);
-            return out;
+            const py::list one = dedup_to_dicts(std::move(node_offsets), std::move(edge_offsets), std::move(digests),
+                                                std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot),
+                                                std::move(edge_dst_slot), {G}, with_digests);
+            return py::dict(one[0]);
         },
         py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"),
         py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("G"),
         py::arg("sequence_digests") = true);
 
-    m.def(
-        "dedup_corpus_many",
-        [](Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
-           Array<std::int32_t> edge_src, Array<std::int32_t> edge_dst, std::optional<Array<std::int32_t>> edge_src_slot,
-           std::optional<Array<std::int32_t>> edge_dst_slot, std::vector<int> Gs, bool with_digests) {
-            Edges e{std::move(edge_src), std::move(edge_dst), std::move(edge_src_slot), std::move(edge_dst_slot)};
-            const CorpusView c = corpus_view(node_offsets, edge_offsets, digests, e);
-            std::vector<CorpusResult> rs;
-            {
-                py::gil_scoped_release release;
-                rs = dedup_corpus(c, Gs, with_digests);
-            }
-            // One dict per G, all sharing the same layer arrays.
-            const py::dict layers = layers_to_dict(rs[0]);
-            py::list out;
-            for (CorpusResult& r : rs) {
-                py::dict d;
-                for (auto item : layers) d[item.first] = item.second;
-                add_sequences(d, r);
-                out.append(d);
-            }
-            return out;
-        },
-        py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"), py::arg("edge_src"), py::arg("edge_dst"),
-        py::arg("edge_src_slot") = py::none(), py::arg("edge_dst_slot") = py::none(), py::arg("Gs"),
-        py::arg("sequence_digests") = true);
+    m.def("dedup_corpus_many", &dedup_to_dicts, py::arg("node_offsets"), py::arg("edge_offsets"), py::arg("digests"),
+          py::arg("edge_src"), py::arg("edge_dst"), py::arg("edge_src_slot") = py::none(),
+          py::arg("edge_dst_slot") = py::none(), py::arg("Gs"), py::arg("sequence_digests") = true);
 
     m.def(
         "sequence_digests",

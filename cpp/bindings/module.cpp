@@ -5,10 +5,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -350,12 +352,27 @@ PYBIND11_MODULE(_core, m) {
             [](const OnnxScan& s, py::buffer data, std::vector<std::vector<std::int64_t>> shapes) {
                 py::buffer_info info;
                 Bytes b = view_bytes(data, info);
-                std::string out;
+                // Written once, straight into a bytes object of the exact size (building a
+                // std::string and copying it into Python copied the model twice more).
+                std::string owned;
+                std::vector<std::string_view> pieces;
                 {
                     py::gil_scoped_release release;
-                    out = s.light_model(b.data, b.size, shapes);
+                    pieces = s.light_model_pieces(b.data, b.size, shapes, owned);
                 }
-                return py::bytes(out);
+                std::size_t total = 0;
+                for (const std::string_view p : pieces) total += p.size();
+                auto out = py::reinterpret_steal<py::bytes>(PyBytes_FromStringAndSize(nullptr, static_cast<py::ssize_t>(total)));
+                if (!out) throw py::error_already_set();
+                char* at = PyBytes_AS_STRING(out.ptr());
+                {
+                    py::gil_scoped_release release;  // nobody else can see `out` yet
+                    for (const std::string_view p : pieces) {
+                        std::memcpy(at, p.data(), p.size());
+                        at += p.size();
+                    }
+                }
+                return out;
             },
             py::arg("data"), py::arg("input_shapes"))
         .def(

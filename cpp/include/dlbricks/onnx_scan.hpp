@@ -138,9 +138,13 @@ public:
 
     /// The weight-free model for shape inference: activation inputs with the given
     /// concrete shapes (same order as `inputs`), initializers and Constant values up to
-    /// 64 KiB inline, larger ones as typed graph inputs. Cost: O(graph bytes).
-    std::string light_model(const std::uint8_t* data, std::size_t size,
-                            const std::vector<std::vector<std::int64_t>>& input_shapes) const;
+    /// 64 KiB inline, larger ones as typed graph inputs. It comes as pieces to write one
+    /// after the other (views into `data` or into `owned`, which must outlive them), so
+    /// that a caller copies it once, into a buffer of the exact size; adjacent spans of
+    /// the file come as one piece. Cost: O(graph bytes).
+    std::vector<std::string_view> light_model_pieces(const std::uint8_t* data, std::size_t size,
+                                                     const std::vector<std::vector<std::int64_t>>& input_shapes,
+                                                     std::string& owned) const;
 
     /// Folds constants with the inferred types of `inferred` (the light model after
     /// shape inference) and computes layers, edges and digests. `input_shapes` are the

@@ -179,6 +179,78 @@ def test_a_symbolic_batch_warns_once_with_the_full_loaders_text(tmp_path):
     assert not is_fast(onnx_io.load(proto, {"x": [2, 3]}))
 
 
+# -- the head table -------------------------------------------------------------------------
+
+
+def _scan_with_heads(buf: bytes, table):
+    scan = _core.OnnxScan(buf)
+    versions = [onnx_io._since_version(op, dict(scan.opsets)[""]) for _, op in scan.op_keys]
+    return scan, versions, scan.resolve_heads(buf, table, versions)
+
+
+def test_heads_are_made_once_per_process_and_reused_by_later_scans(monkeypatch):
+    path = DATA / "light" / "light_resnet50.onnx"
+    buf = path.read_bytes()
+    table = _core.HeadTable()
+    scan, versions, missing = _scan_with_heads(buf, table)
+    op_names = [op for _, op in scan.op_keys]
+    asked = {op_names[k] for _, k, _ in missing}
+    # ConstantOfShape reads an initializer only: folded, never a layer, so never asked for.
+    assert "ConstantOfShape" not in asked and {"Conv", "BatchNormalization", "Relu"} <= asked
+    for h_id, k, attr_bytes in missing:
+        attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
+        head, outer = onnx_io._head("", op_names[k], attrs, versions[k])
+        assert not outer
+        scan.set_head(h_id, head, table)
+    assert len(table) == len(missing)
+    again, _, missing_again = _scan_with_heads(buf, table)
+    assert missing_again == []  # every head from the table
+
+    # The loader with a fresh table, then with the table it filled: the same model.
+    monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable())
+    first = onnx_io.load(path)
+    second = onnx_io.load(path)
+    assert is_fast(first) and is_fast(second)
+    assert np.array_equal(first.digests, second.digests)
+    assert_same(second, full_load(path))
+
+
+def test_a_full_head_table_empties_itself_and_the_models_stay_right(monkeypatch):
+    monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable(max_entries=3))
+    for name in ("light_squeezenet", "light_resnet50", "light_squeezenet"):
+        model = onnx_io.load(DATA / "light" / f"{name}.onnx")
+        assert is_fast(model) and len(onnx_io._FAST_HEADS) <= 3
+        assert_same(model, full_load(DATA / "light" / f"{name}.onnx"))
+    # Nothing is kept that is bigger than the table's byte budget.
+    tiny = _core.HeadTable(max_bytes=8)
+    buf = (DATA / "light" / "light_squeezenet.onnx").read_bytes()
+    scan, _, missing = _scan_with_heads(buf, tiny)
+    scan.set_head(missing[0][0], b"x" * 100, tiny)
+    assert len(tiny) == 0
+
+
+def test_head_misuse_is_a_clear_error():
+    buf = (DATA / "light" / "light_squeezenet.onnx").read_bytes()
+    table = _core.HeadTable()
+    scan = _core.OnnxScan(buf)
+    shapes = [[d[1] for d in dims] for _, _, dims in scan.inputs]
+    with pytest.raises(ValueError, match="resolve_heads first"):
+        scan.finish(buf, b"", shapes, {})
+    scan, versions, missing = _scan_with_heads(buf, table)
+    with pytest.raises(ValueError, match="one op version per op key"):
+        scan.resolve_heads(buf, table, versions[:-1])
+    with pytest.raises(IndexError, match="no such head"):
+        scan.set_head(10**6, b"h", table)
+    with pytest.raises(ValueError, match="an empty head"):
+        scan.set_head(missing[0][0], b"", table)
+    scan.set_head(missing[0][0], b"h", table)
+    with pytest.raises(ValueError, match="did not ask for this head"):
+        scan.set_head(missing[0][0], b"h", table)  # given already
+    inferred = onnx.shape_inference.infer_shapes(onnx.load_from_string(scan.light_model(buf, shapes))).SerializeToString()
+    with pytest.raises(ValueError, match="never set"):
+        scan.finish(buf, inferred, shapes, {})  # the other heads are missing
+
+
 # -- random graphs with constants in every role -------------------------------------------
 
 

@@ -305,6 +305,10 @@ PYBIND11_MODULE(_core, m) {
     // The fast loader (see onnx_scan.hpp). WireError -> ValueError; the Python loader
     // treats either as "use the full path".
     py::register_exception<WireError>(m, "WireError", PyExc_ValueError);
+    py::class_<HeadTable>(m, "HeadTable")
+        .def(py::init<std::size_t, std::size_t>(), py::arg("max_entries") = 1 << 14, py::arg("max_bytes") = 64 << 20)
+        .def("__len__", &HeadTable::size)
+        .def("clear", &HeadTable::clear);
     py::class_<OnnxScan>(m, "OnnxScan")
         .def(py::init([](py::buffer data) {
                  py::buffer_info info;
@@ -332,21 +336,28 @@ PYBIND11_MODULE(_core, m) {
                                    return out;
                                })
         .def(
-            "head_attributes",
-            [](const OnnxScan& s, py::buffer data) {
-                // Each head's attribute fields, back to back: they parse as a NodeProto
-                // holding just those attributes, and key the canonical head.
+            "resolve_heads",
+            [](OnnxScan& s, py::buffer data, HeadTable& table, std::vector<std::int64_t> op_versions) {
+                // (head id, op key, attribute fields) of each head the table lacks: the
+                // attribute fields parse as a NodeProto holding just those attributes.
                 py::buffer_info info;
                 Bytes b = view_bytes(data, info);
+                const std::vector<std::int32_t> missing = s.resolve_heads(b.data, b.size, table, op_versions);
                 py::list out;
-                for (std::int32_t node : s.head_node) {
-                    if (s.node_span(static_cast<std::size_t>(node)).end > b.size)
-                        throw std::invalid_argument("head_attributes: not the bytes the scan was made from");
-                    out.append(py::bytes(s.node_attributes(b.data, static_cast<std::size_t>(node))));
+                for (std::int32_t h : missing) {
+                    const auto node = static_cast<std::size_t>(s.head_node[static_cast<std::size_t>(h)]);
+                    out.append(py::make_tuple(h, s.head_op_key[static_cast<std::size_t>(h)],
+                                              py::bytes(s.node_attributes(b.data, node))));
                 }
                 return out;
             },
-            py::arg("data"))
+            py::arg("data"), py::arg("table"), py::arg("op_versions"))
+        .def(
+            "set_head",
+            [](OnnxScan& s, std::int32_t head, py::bytes canonical, HeadTable& table) {
+                s.set_head(head, std::string(canonical), table);
+            },
+            py::arg("head"), py::arg("canonical"), py::arg("table"))
         .def(
             "light_model",
             [](const OnnxScan& s, py::buffer data, std::vector<std::vector<std::int64_t>> shapes) {
@@ -378,14 +389,14 @@ PYBIND11_MODULE(_core, m) {
         .def(
             "finish",
             [](const OnnxScan& s, py::buffer data, py::buffer inferred, std::vector<std::vector<std::int64_t>> shapes,
-               std::vector<std::string> heads, std::unordered_map<std::string, std::int64_t> dim_subst) {
+               std::unordered_map<std::string, std::int64_t> dim_subst) {
                 py::buffer_info info, inferred_info;
                 Bytes b = view_bytes(data, info);
                 Bytes inf = view_bytes(inferred, inferred_info);  // a view: no copy
                 ScanResult r;
                 {
                     py::gil_scoped_release release;
-                    r = s.finish(b.data, b.size, inf.data, inf.size, shapes, heads, dim_subst);
+                    r = s.finish(b.data, b.size, inf.data, inf.size, shapes, dim_subst);
                 }
                 py::dict out;
                 out["fallback"] = r.fallback;
@@ -405,5 +416,5 @@ PYBIND11_MODULE(_core, m) {
                 out["edge_dst_slot"] = to_numpy(std::move(r.edge_dst_slot));
                 return out;
             },
-            py::arg("data"), py::arg("inferred"), py::arg("input_shapes"), py::arg("heads"), py::arg("dim_subst"));
+            py::arg("data"), py::arg("inferred"), py::arg("input_shapes"), py::arg("dim_subst"));
 }

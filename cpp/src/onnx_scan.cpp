@@ -489,17 +489,105 @@ ScanSpan OnnxScan::node_span(std::size_t i) const {
     return nodes_[i].span;
 }
 
-std::string OnnxScan::node_attributes(const std::uint8_t* d, std::size_t i) const {
-    const ScanSpan sp = node_span(i);
+namespace {
+
+// Appends the attribute fields of the NodeProto field at `sp` (tags included).
+void append_attributes(const std::uint8_t* d, ScanSpan sp, std::string& out) {
     Reader r(d, sp);
     Field f;
-    std::string out;
-    if (!r.next(f) || f.wire != 2) return out;
+    if (!r.next(f) || f.wire != 2) return;
     Reader nr(d, f.payload);
     while (nr.next(f))
         if (f.tag == tag(node_f::attribute, 2))
             out.append(reinterpret_cast<const char*>(d + f.whole.begin), f.whole.size());
+}
+
+}  // namespace
+
+std::string OnnxScan::node_attributes(const std::uint8_t* d, std::size_t i) const {
+    std::string out;
+    append_attributes(d, node_span(i), out);
     return out;
+}
+
+const std::string* HeadTable::find(std::string_view key) const {
+    const std::int32_t id = keys_.find(key.data(), key.size());
+    return id < 0 ? nullptr : &heads_[static_cast<std::size_t>(id)];
+}
+
+void HeadTable::add(std::string_view key, std::string head) {
+    const std::size_t more = key.size() + head.size();
+    if (more > max_bytes_) return;  // not worth keeping
+    if (heads_.size() >= max_entries_ || bytes_ + more > max_bytes_) clear();
+    bool inserted;
+    const std::int32_t id = keys_.intern(key.data(), key.size(), inserted);
+    if (!inserted) {  // the same key always canonicalises to the same head
+        heads_[static_cast<std::size_t>(id)] = std::move(head);
+        return;
+    }
+    heads_.push_back(std::move(head));
+    bytes_ += more;
+}
+
+void HeadTable::clear() {
+    keys_ = BytesIndex();
+    heads_.clear();
+    bytes_ = 0;
+}
+
+std::vector<std::int32_t> OnnxScan::resolve_heads(const std::uint8_t* d, std::size_t size, HeadTable& table,
+                                                  const std::vector<std::int64_t>& op_versions) {
+    if (op_versions.size() != op_keys.size()) throw std::invalid_argument("resolve_heads: one op version per op key");
+    // A node whose inputs are all constants is folded, never a layer (finish folds a few
+    // more, Shape and Size of typed tensors, which takes the inferred types).
+    std::vector<char> is_const(n_names(), 0), needed(head_node.size(), 0);
+    for (const auto& t : inits_) is_const[t.name] = 1;
+    for (const Node& n : nodes_) {
+        bool all_const = true;
+        for (std::int32_t t : n.ins)
+            if (t >= 0 && !is_const[t]) { all_const = false; break; }
+        if (!all_const) {
+            needed[n.head] = 1;
+            continue;
+        }
+        for (std::int32_t o : n.outs)
+            if (o >= 0) is_const[o] = 1;
+    }
+    heads_.assign(head_node.size(), std::string());
+    pending_keys_.assign(head_node.size(), std::string());
+    std::vector<std::int32_t> missing;
+    std::string key;
+    for (std::size_t h = 0; h < head_node.size(); ++h) {
+        if (!needed[h]) continue;
+        const ScanSpan sp = node_span(static_cast<std::size_t>(head_node[h]));
+        if (sp.end > size) throw std::invalid_argument("resolve_heads: not the bytes the scan was made from");
+        const auto k = static_cast<std::size_t>(head_op_key[h]);
+        const auto& [domain, op_type] = op_keys[k];
+        key.clear();
+        put_u32(key, static_cast<std::uint32_t>(domain.size()));
+        key += domain;
+        put_u32(key, static_cast<std::uint32_t>(op_type.size()));
+        key += op_type;
+        put_u64(key, static_cast<std::uint64_t>(op_versions[k]));
+        append_attributes(d, sp, key);
+        if (const std::string* hit = table.find(key)) {
+            heads_[h] = *hit;
+        } else {
+            pending_keys_[h] = key;
+            missing.push_back(static_cast<std::int32_t>(h));
+        }
+    }
+    return missing;
+}
+
+void OnnxScan::set_head(std::int32_t head, std::string canonical, HeadTable& table) {
+    if (head < 0 || static_cast<std::size_t>(head) >= heads_.size()) throw std::out_of_range("set_head: no such head");
+    std::string& key = pending_keys_[static_cast<std::size_t>(head)];
+    if (key.empty()) throw std::invalid_argument("set_head: resolve_heads did not ask for this head");
+    if (canonical.empty()) throw std::invalid_argument("set_head: an empty head");
+    table.add(key, canonical);
+    heads_[static_cast<std::size_t>(head)] = std::move(canonical);
+    std::string().swap(key);
 }
 
 OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
@@ -965,10 +1053,9 @@ constexpr std::int64_t kUnknownDim = std::numeric_limits<std::int64_t>::min();
 
 ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::uint8_t* inferred,
                             std::size_t inferred_size, const std::vector<std::vector<std::int64_t>>& input_shapes,
-                            const std::vector<std::string>& heads,
                             const std::unordered_map<std::string, std::int64_t>& dim_subst) const {
     ScanResult res;
-    if (heads.size() != head_node.size()) throw std::invalid_argument("finish: one head per head id");
+    if (heads_.size() != head_node.size()) throw std::invalid_argument("finish: resolve_heads first");
     if (input_shapes.size() != input_ids_.size()) throw std::invalid_argument("finish: one shape per input");
     const std::size_t names = n_names();
     TypeTable tt;
@@ -1264,8 +1351,8 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     // (absorbed once per head), so a new form costs only its slots.
     BytesIndex forms;
     std::vector<Digest128> form_digest;
-    std::vector<Blake2b128> head_state(heads.size());
-    std::vector<char> head_ready(heads.size(), 0);
+    std::vector<Blake2b128> head_state(heads_.size());
+    std::vector<char> head_ready(heads_.size(), 0);
     std::string key, tail;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         if (!is_layer[i]) continue;
@@ -1293,7 +1380,8 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         if (new_form) {
             const auto h = static_cast<std::size_t>(n.head);
             if (!head_ready[h]) {
-                head_state[h].update(heads[h].data(), heads[h].size());
+                if (heads_[h].empty()) throw std::invalid_argument("finish: a layer's head was never set (set_head)");
+                head_state[h].update(heads_[h].data(), heads_[h].size());
                 head_ready[h] = 1;
             }
             Blake2b128 hasher = head_state[h];

@@ -215,8 +215,9 @@ except ImportError:  # pragma: no cover - every onnx release since 1.2 has it
 _FAST_PATH = True
 # Files at least this big are memory-mapped: weight pages are then never read.
 _MMAP_MIN_BYTES = 1 << 20
-# (op type, op version, serialized attributes) -> canonical head (digest._head).
-_FAST_HEADS: dict[tuple[str, int, bytes], bytes] = {}
+# (op type, op version, serialized attributes) -> canonical head (digest._head), kept in
+# C++ so that a scan finds its heads without a Python lookup per head.
+_FAST_HEADS = _core.HeadTable()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -357,26 +358,20 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
         act_inputs.append((in_name, int(elem), tuple(shape)))
     shapes = [list(s) for _, _, s in act_inputs]
 
-    heads = []
-    for k, attr_bytes in zip(scan.head_op_key, scan.head_attributes(buf)):
-        key = (op_names[k], versions[k], attr_bytes)
-        head = _FAST_HEADS.get(key)
-        if head is None:
-            # The attribute fields alone parse as a NodeProto with just those attributes.
-            attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
-            head, outer = _head("", op_names[k], attrs, versions[k])
-            if outer:
-                return None
-            if len(_FAST_HEADS) >= 1 << 14:
-                _FAST_HEADS.clear()
-            _FAST_HEADS[key] = head
-        heads.append(head)
+    # Canonical heads come from the process's table; only new ones are made here.
+    for h, k, attr_bytes in scan.resolve_heads(buf, _FAST_HEADS, versions):
+        # The attribute fields alone parse as a NodeProto with just those attributes.
+        attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
+        head, outer = _head("", op_names[k], attrs, versions[k])
+        if outer:
+            return None
+        scan.set_head(h, head, _FAST_HEADS)
 
     try:
         inferred = _c_shape_inference.infer_shapes(scan.light_model(buf, shapes), False, False, True)
     except Exception:  # noqa: BLE001 - the full loader reports inference errors
         return None
-    res = scan.finish(buf, inferred, shapes, heads, dim_subst)
+    res = scan.finish(buf, inferred, shapes, dim_subst)
     if res["fallback"]:
         return None
 

@@ -61,6 +61,26 @@ private:
     std::vector<Slot> slots_;
 };
 
+/// Canonical layer heads (digest.py's _head: operator, version and attributes) by
+/// (op key, op version, attribute bytes as written), shared by the scans of a process:
+/// models repeat heads, and canonicalising one takes onnx's schemas (Python). A cache:
+/// it empties itself when it would pass `max_entries` heads or `max_bytes` bytes.
+class HeadTable {
+public:
+    explicit HeadTable(std::size_t max_entries = 1 << 14, std::size_t max_bytes = 64 << 20)
+        : max_entries_(max_entries), max_bytes_(max_bytes) {}
+    /// The head stored under `key`, or nullptr.
+    const std::string* find(std::string_view key) const;
+    void add(std::string_view key, std::string head);
+    std::size_t size() const { return heads_.size(); }
+    void clear();
+
+private:
+    std::size_t max_entries_, max_bytes_, bytes_ = 0;
+    BytesIndex keys_;
+    std::vector<std::string> heads_;  // by key id
+};
+
 /// Malformed protobuf bytes. The caller falls back to the full loader, which reports it.
 struct WireError : std::runtime_error {
     using std::runtime_error::runtime_error;
@@ -146,14 +166,24 @@ public:
                                                      const std::vector<std::vector<std::int64_t>>& input_shapes,
                                                      std::string& owned) const;
 
+    /// Looks up, in `table`, the canonical head of every head a layer may have (nodes
+    /// whose inputs are all constants, Constant nodes included, are never layers and
+    /// need none). `op_versions` has the op version (schema since_version) of each op
+    /// key. Returns the heads not found: the caller canonicalises each (from
+    /// node_attributes of its head_node) and gives it with set_head before finish.
+    std::vector<std::int32_t> resolve_heads(const std::uint8_t* data, std::size_t size, HeadTable& table,
+                                            const std::vector<std::int64_t>& op_versions);
+    /// Gives head `head` (one resolve_heads returned) its canonical bytes, and stores
+    /// them in `table` for later scans.
+    void set_head(std::int32_t head, std::string canonical, HeadTable& table);
+
     /// Folds constants with the inferred types of `inferred` (the light model after
     /// shape inference) and computes layers, edges and digests. `input_shapes` are the
-    /// ones given to light_model, `heads` has one canonical head (digest.py's _head, op
-    /// version included) per head id, `dim_subst` maps symbolic dims to the values
-    /// chosen for them. Cost: O(graph bytes + inferred bytes).
+    /// ones given to light_model, the heads are resolved (resolve_heads, set_head),
+    /// `dim_subst` maps symbolic dims to the values chosen for them. Cost: O(graph
+    /// bytes + inferred bytes).
     ScanResult finish(const std::uint8_t* data, std::size_t size, const std::uint8_t* inferred,
                       std::size_t inferred_size, const std::vector<std::vector<std::int64_t>>& input_shapes,
-                      const std::vector<std::string>& heads,
                       const std::unordered_map<std::string, std::int64_t>& dim_subst) const;
 
     /// A node's input or output name ids (-1 for ""), viewing the scan's id pool.
@@ -210,6 +240,10 @@ private:
     std::vector<std::int32_t> output_ids_;  // graph outputs
     std::vector<ScanSpan> opset_spans_;
     ScanSpan graph_name_;
+    // Canonical head per head id (empty: not resolved), and the table keys of the heads
+    // resolve_heads did not find, until set_head.
+    std::vector<std::string> heads_;
+    std::vector<std::string> pending_keys_;
 };
 
 }  // namespace dlbricks

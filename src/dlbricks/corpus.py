@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -302,12 +304,10 @@ class Corpus:
                     out.append({})
                     continue
                 table, codes = layer_kind_codes(layers)
-                counts: dict[int, int] = {}  # in order of first repeat
-                for code in codes[repeats[offsets[i] : offsets[i + 1]]].tolist():
-                    counts[code] = counts.get(code, 0) + 1
-                # sorted() is stable: equal counts keep the order of first repeat.
-                ranked = sorted(counts.items(), key=lambda kv: kv[1], reverse=True)
-                out.append({table[code]: n for code, n in ranked})
+                # Counter counts in C and keeps the order of first repeat, which
+                # most_common's stable sort keeps for equal counts.
+                counts = Counter(codes[repeats[offsets[i] : offsets[i + 1]]].tolist())
+                out.append({table[code]: n for code, n in counts.most_common()})
             self._repeats = out
         return self._repeats
 

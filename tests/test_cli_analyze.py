@@ -328,3 +328,56 @@ def test_a_command_parser_built_alone_matches_the_one_under_the_main_parser(name
     if name == "analyze":
         argv = ["m.onnx", "d/", "--json", "-G", "1-2", "--strict", "-o", "x.json"]
         assert vars(full.parse_args([name, *argv])) == vars(alone.parse_args(argv))
+
+
+def _write_mo(path: Path, messages: dict[str, str]) -> None:
+    """A GNU gettext catalogue (.mo) holding ``messages`` (and a UTF-8 header)."""
+    import struct
+
+    entries = sorted({"": "Content-Type: text/plain; charset=UTF-8\n", **messages}.items())
+    keys = [k.encode() for k, _ in entries]
+    values = [v.encode() for _, v in entries]
+    n = len(entries)
+    start = 7 * 4 + 16 * n  # header, then both tables of (length, offset) pairs
+    blob, key_at, value_at = b"", [], []
+    for k in keys:
+        key_at.append((len(k), start + len(blob)))
+        blob += k + b"\0"
+    for v in values:
+        value_at.append((len(v), start + len(blob)))
+        blob += v + b"\0"
+    out = struct.pack("<7I", 0x950412DE, 0, n, 7 * 4, 7 * 4 + 8 * n, 0, 0)
+    out += b"".join(struct.pack("<2I", *p) for p in key_at + value_at) + blob
+    path.parent.mkdir(parents=True)
+    path.write_bytes(out)
+
+
+def test_argparse_messages_are_translated_as_gettext_would(tmp_path, monkeypatch, capsys):
+    # The CLI resolves argparse's catalogue once per process instead of per message:
+    # the messages must be those gettext gives, translated or not.
+    import argparse
+    import gettext
+
+    from dlbricks import cli
+
+    monkeypatch.setattr(argparse, "_", argparse._)  # restored after the test
+    monkeypatch.setattr(cli, "_argparse_catalogue_resolved", False)
+    _write_mo(tmp_path / "de" / "LC_MESSAGES" / "dlbtest.mo", {"usage: ": "Aufruf: ", "options": "Optionen"})
+    monkeypatch.setenv("LANGUAGE", "de")
+    domain = gettext.textdomain()
+    gettext.bindtextdomain("dlbtest", str(tmp_path))
+    gettext.textdomain("dlbtest")
+    try:
+        cli._resolve_argparse_catalogue()
+        assert argparse._("usage: ") == gettext.gettext("usage: ") == "Aufruf: "
+        assert argparse._("positional arguments") == gettext.gettext("positional arguments")  # untranslated
+        with pytest.raises(SystemExit):
+            cli.build_parser("analyze").parse_args(["--help"])
+        out = capsys.readouterr().out
+        assert out.startswith("Aufruf: dlbricks analyze") and "\nOptionen:\n" in out
+    finally:
+        gettext.textdomain(domain)
+    # Without a catalogue (the usual case) messages come back unchanged.
+    monkeypatch.setattr(cli, "_argparse_catalogue_resolved", False)
+    cli._resolve_argparse_catalogue()
+    assert argparse._("usage: ") == "usage: "

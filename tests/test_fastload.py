@@ -482,3 +482,77 @@ def test_scanning_does_not_scale_memory_with_weight_bytes(tmp_path):
     )
     grown_kb = int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
     assert grown_kb < 16 * 1024, f"scanning a 256 MB model grew the resident memory by {grown_kb} kB"
+
+
+# -- loading many files in phases -------------------------------------------------------------
+
+
+def _mixed_corpus(tmp_path: Path) -> list[Path]:
+    """Light models, a bad file, a model the fast path leaves to the full loader, a
+    symbolic batch (a warning) and a file big enough to be memory-mapped."""
+    then = h.make_graph([h.make_node("Relu", ["x"], ["t"])], "then", [], [_vi("t", [1, 4])])
+    other = h.make_graph([h.make_node("Neg", ["x"], ["e"])], "else", [], [_vi("e", [1, 4])])
+    m_if = _model([h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+                  [_vi("x", [1, 4])], [_vi("y", [1, 4])], [nh.from_array(np.array(True), "c")])
+    m_sym = _model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 3])], [_vi("y", ["N", 3])])
+    w = nh.from_array(np.zeros((1, 1 << 19), np.float32), "w")  # 2 MB: mapped, not read
+    m_big = _model([h.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [1, 1 << 19])], [_vi("y", [1, 1 << 19])], [w])
+    files = sorted((DATA / "light").glob("light_*.onnx"))[:4]
+    for name, proto in (("if", m_if), ("sym", m_sym), ("big", m_big)):
+        onnx.save(proto, tmp_path / f"{name}.onnx")
+        files.append(tmp_path / f"{name}.onnx")
+    (tmp_path / "bad.onnx").write_bytes(b"not a model")
+    files.insert(2, tmp_path / "bad.onnx")
+    return files
+
+
+@pytest.mark.parametrize("batch_models, batch_bytes", [(64, 32 << 20), (1, 32 << 20), (3, 32 << 20), (64, 100_000)])
+def test_iter_load_gives_what_load_gives_file_by_file(tmp_path, batch_models, batch_bytes):
+    files = _mixed_corpus(tmp_path)
+    got = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for path, model, error in onnx_io.iter_load(files, batch_models=batch_models, batch_bytes=batch_bytes):
+            # A model's warnings come while it is yielded, not with the batch.
+            got.append((path, model, error, [str(w.message) for w in caught]))
+            caught.clear()
+    assert [g[0] for g in got] == files
+    for path, model, error, said in got:
+        with warnings.catch_warnings(record=True) as alone:
+            warnings.simplefilter("always")
+            try:
+                want, want_error = onnx_io.load(path), None
+            except ModelError as exc:
+                want, want_error = None, exc
+        assert said == [str(w.message) for w in alone]
+        if want_error is not None:
+            assert model is None and str(error) == str(want_error)
+            continue
+        assert error is None and is_fast(model) == is_fast(want)
+        assert_same(model, want)
+    assert "symbolic batch" in got[files.index(tmp_path / "sym.onnx")][3][0]
+    assert is_fast(got[-1][1])  # the mapped file took the fast path
+
+
+def test_iter_load_stopped_early_unmaps_its_files(tmp_path):
+    files = _mixed_corpus(tmp_path)
+    big = str(tmp_path / "big.onnx")
+    files.insert(0, tmp_path / "big.onnx")  # mapped in the first batch, which is not finished
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as f:
+            return big in f.read()
+
+    loading = onnx_io.iter_load([files[1], *files])
+    next(loading)
+    assert mapped()
+    loading.close()
+    assert not mapped()
+
+
+def test_iter_load_with_input_shapes_uses_the_full_loader(tmp_path):
+    files = _mixed_corpus(tmp_path)
+    sym = tmp_path / "sym.onnx"
+    [(path, model, error)] = list(onnx_io.iter_load([sym], {"x": [2, 3]}))
+    assert path == sym and error is None and not is_fast(model)
+    assert model.inputs[0][1].shape == (2, 3)

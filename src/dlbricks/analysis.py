@@ -79,7 +79,7 @@ def load_corpus(
     Raises:
         DlbricksError: a missing path or a folder without models; with ``strict``, a bad model.
     """
-    from dlbricks.onnx_io import load
+    from dlbricks.onnx_io import iter_load
 
     files = model_files(paths)
     out = LoadedCorpus(models=[])
@@ -88,13 +88,13 @@ def load_corpus(
     # loading a small model's statistics), drained after each model.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for f in files:
-            try:
-                out.models.append(load(f, input_shapes))
-            except ModelError as exc:
+        for f, model, error in iter_load(files, input_shapes):
+            if error is not None:
                 if strict:
-                    raise
-                out.errors.append({"path": str(f), "error": str(exc)})
+                    raise error
+                out.errors.append({"path": str(f), "error": str(error)})
+            else:
+                out.models.append(model)
             lines = [str(w.message) for w in caught]
             caught.clear()
             out.add_warnings(lines, on_warning)

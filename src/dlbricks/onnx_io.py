@@ -21,8 +21,9 @@ import mmap
 import os
 import stat
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Literal, Mapping, Sequence, Union
+from typing import Iterable, Iterator, Literal, Mapping, Sequence, Union
 
 import numpy as np
 import onnx
@@ -165,6 +166,90 @@ def load(
     return _load_file(path, label, name, input_shapes)
 
 
+def iter_load(
+    paths: Sequence[PathLike],
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    *,
+    batch_bytes: int = 32 << 20,
+    batch_models: int = 64,
+) -> Iterator[tuple[Path, Model | None, ModelError | None]]:
+    """Load model files one after the other, each exactly as :func:`load` would.
+
+    Yields ``(path, model, None)`` or ``(path, None, error)`` in the order of ``paths``;
+    warnings are given while the model they are about is yielded next. The fast path
+    runs in phases over batches of files: every file of a batch is scanned, then every
+    light model goes through onnx's shape inference, then every model is finished.
+    Between two phases of one model onnx's inference evicts the loader from the CPU's
+    caches, and the loader evicted onnx; in phases each stays warm (the nine light
+    models: dlbricks' own time 10.99 -> 8.95 ms, onnx's 28.4 -> 23.9 ms). A batch takes files while it holds less than
+    ``batch_bytes`` of them, and at most ``batch_models`` files, so memory stays bounded
+    by the largest model, not by the corpus.
+
+    Raises:
+        DlbricksError: anything but a bad model (a bad model is yielded as its error).
+    """
+    files = [p if isinstance(p, Path) else Path(p) for p in paths]
+    fast = _FAST_PATH and not input_shapes and _c_shape_inference is not None
+    i = 0
+    while i < len(files):
+        batch: list[Path] = []
+        prepared: list[_Prepared | None] = []
+        held = 0  # bytes of the batch's files
+        while i < len(files) and len(batch) < max(batch_models, 1) and (not batch or held < batch_bytes):
+            path = files[i]
+            i += 1
+            batch.append(path)
+            prepared.append(_prepare_file(path) if fast else None)
+            held += len(prepared[-1].buf) if prepared[-1] is not None else 0
+        yield from _complete_batch(batch, prepared, input_shapes)
+
+
+def _prepare_file(path: Path) -> _Prepared | None:
+    buf = _open_bytes(path)
+    if buf is None:
+        return None
+    try:
+        prepared = _fast_prepare(buf, path, os.fspath(path), path.stem)
+    except Exception:  # noqa: BLE001 - malformed: the full loader says why
+        prepared = None
+    if prepared is None and isinstance(buf, mmap.mmap):
+        buf.close()
+    return prepared
+
+
+def _complete_batch(
+    files: list[Path], prepared: list[_Prepared | None], input_shapes: Mapping[str, Sequence[int]] | None
+) -> Iterator[tuple[Path, Model | None, ModelError | None]]:
+    """Phases 2 and 3 of a batch (see :func:`iter_load`), in order; the full loader for
+    every file the fast path does not take."""
+    try:
+        inferred = [None if p is None else _infer_light(p) for p in prepared]
+        for i, path in enumerate(files):
+            model: Model | None = None
+            p, prepared[i] = prepared[i], None
+            if p is not None:
+                light_inferred, inferred[i] = inferred[i], None
+                try:
+                    if light_inferred is not None:
+                        model = _fast_complete(p, light_inferred, stacklevel=3)
+                except Exception:  # noqa: BLE001 - the full loader says why
+                    model = None
+                finally:
+                    if isinstance(p.buf, mmap.mmap):
+                        p.buf.close()
+            error: ModelError | None = None
+            if model is None:
+                try:
+                    model = _load_file(path, os.fspath(path), None, input_shapes)
+                except ModelError as exc:
+                    error = exc
+            yield path, model, error
+    finally:  # also when the caller stops early
+        for p in prepared:
+            if p is not None and isinstance(p.buf, mmap.mmap):
+                p.buf.close()
+
+
 def _load_file(
     path: Path, label: str, name: str | None, input_shapes: Mapping[str, Sequence[int]] | None
 ) -> Model:
@@ -297,27 +382,73 @@ def _load_fast(path: Path, label: str, name: str) -> Model | None:
     """The fast path's Model, or None when the full loader must run."""
     if _c_shape_inference is None:
         return None
+    buf = _open_bytes(path)
+    if buf is None:
+        return None
+    try:
+        return _fast_model(buf, path, label, name)
+    except Exception:  # noqa: BLE001 - unreadable or malformed: the full loader says why
+        return None
+    finally:
+        if isinstance(buf, mmap.mmap):
+            buf.close()
+
+
+def _open_bytes(path: Path) -> bytes | mmap.mmap | None:
+    """A model file's bytes (memory-mapped when big: weight pages are then never read),
+    or None when the full loader must run (it says why)."""
     try:
         # os-level calls: for a small file, Python's buffered open() costs more than the read.
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None  # the full loader says why
+    except (OSError, ValueError):
+        return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
             return None
         if st.st_size < _MMAP_MIN_BYTES:
             data = os.read(fd, st.st_size)
-            return _fast_model(data, path, label, name) if len(data) == st.st_size else None
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
-            return _fast_model(buf, path, label, name)
-    except Exception:  # noqa: BLE001 - unreadable or malformed: the full loader says why
+            return data if len(data) == st.st_size else None
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # keeps its own descriptor
+    except (OSError, ValueError):
         return None
     finally:
         os.close(fd)
 
 
-def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: str, name: str) -> Model | None:
+def _fast_model(
+    buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: str, name: str, stacklevel: int = 5
+) -> Model | None:
+    """The fast path's three phases on one model (see :func:`iter_load` for many)."""
+    prepared = _fast_prepare(buf, source, label, name)
+    if prepared is None:
+        return None
+    inferred = _infer_light(prepared)
+    return None if inferred is None else _fast_complete(prepared, inferred, stacklevel)
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """A model between the fast path's phases: scanned, heads resolved, light model
+    written (``light``, dropped once inferred)."""
+
+    buf: bytes | mmap.mmap
+    source: Path | onnx.ModelProto
+    label: str
+    name: str
+    scan: _core.OnnxScan
+    opsets: dict[str, int]
+    op_names: list[str]
+    act_inputs: list[tuple[str, int, tuple[int, ...]]]
+    shapes: list[list[int]]
+    dim_subst: dict[str, int]
+    notes: list[str]
+    light: bytes | None
+
+
+def _fast_prepare(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: str, name: str) -> _Prepared | None:
+    """Phase 1: scan the bytes, resolve op versions, input shapes and heads, write the
+    light model. None: the full loader must run."""
     scan = _core.OnnxScan(buf)
     if scan.fallback:
         return None
@@ -366,34 +497,48 @@ def _fast_model(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: s
         if outer:
             return None
         scan.set_head(h, head, _FAST_HEADS)
+    return _Prepared(buf, source, label, name, scan, opsets, op_names, act_inputs, shapes, dim_subst, notes,
+                     scan.light_model(buf, shapes))
 
+
+def _infer_light(prepared: _Prepared) -> bytes | None:
+    """Phase 2: onnx's shape inference on the light model (None: the full loader reports
+    inference errors)."""
+    light, prepared.light = prepared.light, None
     try:
-        inferred = _c_shape_inference.infer_shapes(scan.light_model(buf, shapes), False, False, True)
-    except Exception:  # noqa: BLE001 - the full loader reports inference errors
+        return _c_shape_inference.infer_shapes(light, False, False, True)
+    except Exception:  # noqa: BLE001
         return None
-    res = scan.finish(buf, inferred, shapes, dim_subst)
+
+
+def _fast_complete(p: _Prepared, inferred: bytes, stacklevel: int) -> Model | None:
+    """Phase 3: fold, hash and build the Model. ``stacklevel`` points warnings at the
+    caller of the public function."""
+    scan = p.scan
+    res = scan.finish(p.buf, inferred, p.shapes, p.dim_subst)
     if res["fallback"]:
         return None
 
+    source = p.source
     digests = res["digests"]
     # Absolute: the layers may be built after the caller has changed directory.
-    full = _FullModel(source if isinstance(source, onnx.ModelProto) else source.absolute(), label, name, digests)
+    full = _FullModel(source if isinstance(source, onnx.ModelProto) else source.absolute(), p.label, p.name, digests)
     tts: dict[tuple[int, tuple[int, ...]], TensorType] = {}
-    for n_, e, s in act_inputs:
+    for n_, e, s in p.act_inputs:
         tts.setdefault((e, s), TensorType(e, s))
     outputs = []
     for out_name, (e, s) in zip(scan.output_names, res["output_types"]):
         outputs.append((out_name, tts.setdefault((e, s), TensorType(e, s))))
-    for note in notes:
-        warnings.warn(note, DlbricksWarning, stacklevel=4)
+    for note in p.notes:
+        warnings.warn(note, DlbricksWarning, stacklevel=stacklevel)
     names = functools.partial(_split_names, res["layer_names"], res["layer_name_ends"])
     return Model(
-        name=name,
+        name=p.name,
         path=None if isinstance(source, onnx.ModelProto) else os.fspath(source),
         ir_version=int(scan.ir_version),
-        opset_imports=opsets,
-        layers=LazyLayers(op_names, res["layer_op_keys"], full.layers, names),  # type: ignore[arg-type]
-        inputs=[(n_, tts[(e, s)]) for n_, e, s in act_inputs],
+        opset_imports=p.opsets,
+        layers=LazyLayers(p.op_names, res["layer_op_keys"], full.layers, names),  # type: ignore[arg-type]
+        inputs=[(n_, tts[(e, s)]) for n_, e, s in p.act_inputs],
         outputs=outputs,
         edge_src=res["edge_src"],
         edge_src_slot=res["edge_src_slot"],

@@ -176,17 +176,15 @@ def iter_load(
     """Load model files one after the other, each exactly as :func:`load` would.
 
     Yields ``(path, model, None)`` or ``(path, None, error)`` in the order of ``paths``;
-    warnings are given while the model they are about is yielded next. The fast path
-    runs in phases over batches of files: every file of a batch is scanned, then every
-    light model goes through onnx's shape inference, then every model is finished.
-    Between two phases of one model onnx's inference evicts the loader from the CPU's
-    caches, and the loader evicted onnx; in phases each stays warm (the nine light
-    models: dlbricks' own time 10.99 -> 8.95 ms, onnx's 28.4 -> 23.9 ms). A batch takes files while it holds less than
-    ``batch_bytes`` of them, and at most ``batch_models`` files, so memory stays bounded
-    by the largest model, not by the corpus.
-
-    Raises:
-        DlbricksError: anything but a bad model (a bad model is yielded as its error).
+    a model's warnings are given just before it is yielded. The fast path runs in
+    phases over batches of files: every file of a batch is scanned, then every light
+    model goes through onnx's shape inference, then every model is finished. Model by
+    model, onnx's inference evicted the loader from the CPU's caches between two of its
+    steps, and the loader evicted onnx; in phases both stay warm (the nine light models,
+    alternating processes: dlbricks' own time 10.99 -> 8.95 ms, onnx's 28.4 -> 23.9
+    ms). A batch takes files while it holds less than ``batch_bytes`` of them, and at
+    most ``batch_models`` files, so memory stays bounded by the largest model, not by
+    the corpus. Errors other than a bad model's (``MemoryError``...) propagate.
     """
     files = [p if isinstance(p, Path) else Path(p) for p in paths]
     fast = _FAST_PATH and not input_shapes and _c_shape_inference is not None

@@ -28,8 +28,10 @@ process resets its high-water mark (/proc/self/clear_refs) right before the spli
 reports VmHWM - VmRSS (``hwm_bytes_per_layer``).
 
 ``analyze_split``: ``dlbricks analyze`` over the nine light models of onnx's test data,
-with onnx parsing, shape inference, onnx's reference evaluator and the C++ core calls
-timed apart from the total.
+with onnx parsing, shape inference and onnx's reference evaluator timed apart from the
+total (the split), and, in runs of their own alternating with those, the fast loader's
+C++ passes and the core calls too (``breakdown_median``: a timer around each of
+dlbricks' calls would add its own cost to dlbricks' share of the split).
 
 The last line of output is one JSON object.
 """
@@ -317,10 +319,11 @@ class _Timers:
 
 def analyze_split(repeat: int) -> dict:
     """``dlbricks analyze`` over the nine light models of onnx's test data, timed in
-    process: total wall time, and within it onnx.load (parsing), onnx shape inference,
-    onnx's reference evaluator (constant folding), the fast loader's C++ passes (scan,
-    light model, finish) and the C++ core calls. Everything but onnx's is dlbricks' own
-    work (the C++ passes, the Python around them, statistics, report)."""
+    process: total wall time, and within it onnx.load (parsing), onnx shape inference and
+    onnx's reference evaluator (constant folding). Everything but onnx's is dlbricks' own
+    work (the C++ passes, the Python around them, statistics, report). Alternate runs
+    also time the fast loader's C++ passes (scan, light model, finish) and the C++ core
+    calls (``breakdown_median``)."""
     try:
         import onnx
         import onnx.reference
@@ -334,15 +337,14 @@ def analyze_split(repeat: int) -> dict:
     if len(paths) != 9:
         return {"skipped": f"expected the nine light models in {light}, found {len(paths)}"}
 
-    runs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(repeat + 1):  # the first run is a warmup (imports, caches)
-            timers = _Timers()
-            timers.wrap(onnx, "load", "onnx_parse_s")
-            timers.wrap(onnx.shape_inference, "infer_shapes", "shape_inference_s")
-            if onnx_io._c_shape_inference is not None:  # the fast loader calls onnx's C++ directly
-                timers.wrap(onnx_io._c_shape_inference, "infer_shapes", "shape_inference_s")
-            timers.wrap(onnx.reference.ReferenceEvaluator, "run", "onnx_constant_eval_s")
+    def timers_for(breakdown: bool) -> _Timers:
+        timers = _Timers()
+        timers.wrap(onnx, "load", "onnx_parse_s")
+        timers.wrap(onnx.shape_inference, "infer_shapes", "shape_inference_s")
+        if onnx_io._c_shape_inference is not None:  # the fast loader calls onnx's C++ directly
+            timers.wrap(onnx_io._c_shape_inference, "infer_shapes", "shape_inference_s")
+        timers.wrap(onnx.reference.ReferenceEvaluator, "run", "onnx_constant_eval_s")
+        if breakdown:
             # The fast loader's C++ passes, reported apart (they are dlbricks' own work).
             timers.wrap(_core.OnnxScan, "light_model", "fast_loader_light_model_s")
             timers.wrap(_core.OnnxScan, "finish", "fast_loader_finish_s")
@@ -351,6 +353,15 @@ def analyze_split(repeat: int) -> dict:
             timers.wrap(_core, "dedup_corpus_many", "core_s")
             timers.wrap(_core, "sequence_digests", "core_s")
             timers.wrap(_core, "jaccard_matrix", "core_s")
+        return timers
+
+    # Two kinds of run, alternating: the split times onnx's calls only (a timer around
+    # each of dlbricks' own calls would add its cost to dlbricks' share), the breakdown
+    # times dlbricks' C++ passes too.
+    runs, breakdowns = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(2 * (repeat + 1)):  # the first two runs are warmups (imports, caches)
+            timers = timers_for(breakdown=i % 2 == 1)
             sink = io.StringIO()
             try:
                 with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
@@ -366,23 +377,26 @@ def analyze_split(repeat: int) -> dict:
                 timers.restore()
             if rc != 0:
                 return {"skipped": f"dlbricks analyze exited with {rc}: {sink.getvalue()[-300:]}"}
-            if i > 0:
-                runs.append({"total_s": wall, **timers.totals})
-        result = json.loads(Path(tmp, f"a{repeat}.json").read_text())
-    keys = list(runs[0])
-    med = {k: statistics.median(r[k] for r in runs) for k in keys}
+            if i >= 2:
+                (breakdowns if i % 2 else runs).append({"total_s": wall, **timers.totals})
+        result = json.loads(Path(tmp, f"a{2 * repeat + 1}.json").read_text())
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    breakdown = {k: statistics.median(r[k] for r in breakdowns) for k in breakdowns[0]}
     onnx_s = med["onnx_parse_s"] + med["shape_inference_s"]
+    own_s = med["total_s"] - onnx_s - med["onnx_constant_eval_s"]
     return {
         "models": len(paths),
         "layers": sum(m["layers"] for m in result["models"]),
         "repeat": repeat,
         "median": med,
         "onnx_parse_and_shape_inference_s": onnx_s,
-        "dlbricks_own_s": med["total_s"] - onnx_s - med["onnx_constant_eval_s"],
-        "dlbricks_own_share_of_total": (med["total_s"] - onnx_s - med["onnx_constant_eval_s"]) / med["total_s"],
+        "dlbricks_own_s": own_s,
+        "dlbricks_own_share_of_total": own_s / med["total_s"],
         "target_own_share": 0.25,
-        "dlbricks_core_share_of_total": med["core_s"] / med["total_s"],
+        "breakdown_median": breakdown,
+        "dlbricks_core_share_of_total": breakdown["core_s"] / breakdown["total_s"],
         "runs": runs,
+        "breakdown_runs": breakdowns,
     }
 
 

@@ -510,13 +510,13 @@ std::string OnnxScan::node_attributes(const std::uint8_t* d, std::size_t i) cons
     return out;
 }
 
-const std::string* HeadTable::find(std::string_view key) const {
+std::shared_ptr<const std::string> HeadTable::find(std::string_view key) const {
     const std::int32_t id = keys_.find(key.data(), key.size());
-    return id < 0 ? nullptr : &heads_[static_cast<std::size_t>(id)];
+    return id < 0 ? nullptr : heads_[static_cast<std::size_t>(id)];
 }
 
-void HeadTable::add(std::string_view key, std::string head) {
-    const std::size_t more = key.size() + head.size();
+void HeadTable::add(std::string_view key, std::shared_ptr<const std::string> head) {
+    const std::size_t more = key.size() + head->size();
     if (more > max_bytes_) return;  // not worth keeping
     if (heads_.size() >= max_entries_ || bytes_ + more > max_bytes_) clear();
     bool inserted;
@@ -553,7 +553,7 @@ std::vector<std::int32_t> OnnxScan::resolve_heads(const std::uint8_t* d, std::si
         for (std::int32_t o : n.outs)
             if (o >= 0) is_const[o] = 1;
     }
-    heads_.assign(head_node.size(), std::string());
+    heads_.assign(head_node.size(), nullptr);
     pending_keys_.assign(head_node.size(), std::string());
     std::vector<std::int32_t> missing;
     std::string key;
@@ -570,8 +570,8 @@ std::vector<std::int32_t> OnnxScan::resolve_heads(const std::uint8_t* d, std::si
         key += op_type;
         put_u64(key, static_cast<std::uint64_t>(op_versions[k]));
         append_attributes(d, sp, key);
-        if (const std::string* hit = table.find(key)) {
-            heads_[h] = *hit;
+        if (auto hit = table.find(key)) {
+            heads_[h] = std::move(hit);
         } else {
             pending_keys_[h] = key;
             missing.push_back(static_cast<std::int32_t>(h));
@@ -585,8 +585,9 @@ void OnnxScan::set_head(std::int32_t head, std::string canonical, HeadTable& tab
     std::string& key = pending_keys_[static_cast<std::size_t>(head)];
     if (key.empty()) throw std::invalid_argument("set_head: resolve_heads did not ask for this head");
     if (canonical.empty()) throw std::invalid_argument("set_head: an empty head");
-    table.add(key, canonical);
-    heads_[static_cast<std::size_t>(head)] = std::move(canonical);
+    auto shared = std::make_shared<const std::string>(std::move(canonical));
+    table.add(key, shared);
+    heads_[static_cast<std::size_t>(head)] = std::move(shared);
     std::string().swap(key);
 }
 
@@ -1351,8 +1352,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     // (absorbed once per head), so a new form costs only its slots.
     BytesIndex forms;
     std::vector<Digest128> form_digest;
-    std::vector<Blake2b128> head_state(heads_.size());
-    std::vector<char> head_ready(heads_.size(), 0);
+    // The state after each used head (most heads belong to folded nodes: made on demand).
+    std::vector<std::int32_t> head_state_at(heads_.size(), -1);
+    std::vector<Blake2b128> head_states;
+    head_states.reserve(std::min(heads_.size(), n_layers));
     std::string key, tail;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         if (!is_layer[i]) continue;
@@ -1379,12 +1382,12 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         const std::int32_t form = forms.intern(key.data(), key.size(), new_form);
         if (new_form) {
             const auto h = static_cast<std::size_t>(n.head);
-            if (!head_ready[h]) {
-                if (heads_[h].empty()) throw std::invalid_argument("finish: a layer's head was never set (set_head)");
-                head_state[h].update(heads_[h].data(), heads_[h].size());
-                head_ready[h] = 1;
+            if (head_state_at[h] < 0) {
+                if (!heads_[h]) throw std::invalid_argument("finish: a layer's head was never set (set_head)");
+                head_state_at[h] = static_cast<std::int32_t>(head_states.size());
+                head_states.emplace_back().update(heads_[h]->data(), heads_[h]->size());
             }
-            Blake2b128 hasher = head_state[h];
+            Blake2b128 hasher = head_states[static_cast<std::size_t>(head_state_at[h])];
             tail.clear();
             write_slots(n, true, tail);
             hasher.update(tail.data(), tail.size());

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -69,16 +70,17 @@ class HeadTable {
 public:
     explicit HeadTable(std::size_t max_entries = 1 << 14, std::size_t max_bytes = 64 << 20)
         : max_entries_(max_entries), max_bytes_(max_bytes) {}
-    /// The head stored under `key`, or nullptr.
-    const std::string* find(std::string_view key) const;
-    void add(std::string_view key, std::string head);
+    /// The head stored under `key`, or null. Shared: a scan keeps its heads alive even
+    /// when the table empties itself before the scan is finished.
+    std::shared_ptr<const std::string> find(std::string_view key) const;
+    void add(std::string_view key, std::shared_ptr<const std::string> head);
     std::size_t size() const { return heads_.size(); }
     void clear();
 
 private:
     std::size_t max_entries_, max_bytes_, bytes_ = 0;
     BytesIndex keys_;
-    std::vector<std::string> heads_;  // by key id
+    std::vector<std::shared_ptr<const std::string>> heads_;  // by key id
 };
 
 /// Malformed protobuf bytes. The caller falls back to the full loader, which reports it.
@@ -240,9 +242,9 @@ private:
     std::vector<std::int32_t> output_ids_;  // graph outputs
     std::vector<ScanSpan> opset_spans_;
     ScanSpan graph_name_;
-    // Canonical head per head id (empty: not resolved), and the table keys of the heads
+    // Canonical head per head id (null: not resolved), and the table keys of the heads
     // resolve_heads did not find, until set_head.
-    std::vector<std::string> heads_;
+    std::vector<std::shared_ptr<const std::string>> heads_;
     std::vector<std::string> pending_keys_;
 };
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
 from dlbricks.corpus import Corpus
 from dlbricks.model import DlbricksError, Model, ModelError, UsageError
 
@@ -116,7 +118,7 @@ def analyze(models: Sequence[Model], Gs: Sequence[int] = (1, 2, 3)) -> dict:
         s["path"] = m.path
     jac = corpus.jaccard()
     core_s = time.perf_counter() - start
-    corpus_stats["jaccard"] = {"names": corpus.names, "matrix": [[round(v, 6) for v in row] for row in jac.tolist()]}
+    corpus_stats["jaccard"] = {"names": corpus.names, "matrix": np.round(jac, 6).tolist()}
     return {
         "schema_version": SCHEMA_VERSION,
         "digest_versions": {"layer": LAYER_DIGEST_VERSION, "sequence": SEQUENCE_DIGEST_VERSION},

@@ -311,6 +311,14 @@ def _since_version(op_type: str, opset: int) -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _since_versions(op_types: tuple[str, ...], opset: int) -> tuple[int, ...] | None:
+    """Each op's schema version, or None if one is unknown: one lookup per model for
+    models that share their op list (in first-use order), as copies of a model do."""
+    versions = tuple(_since_version(op, opset) for op in op_types)
+    return None if None in versions else versions  # type: ignore[return-value]
+
+
 class _FullModel:
     """The full loader's Model of a model the fast path analysed, built once on demand.
 
@@ -456,13 +464,10 @@ def _fast_prepare(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label:
     default_opset = opsets.get("")
     if default_opset is None:
         return None
-    versions = []
     op_names = [op for _, op in scan.op_keys]  # every op is in the default domain on this path
-    for op_type in op_names:
-        since = _since_version(op_type, default_opset)
-        if since is None:
-            return None
-        versions.append(since)
+    versions = _since_versions(tuple(op_names), default_opset)
+    if versions is None:
+        return None
 
     # Activation inputs: the scanner accepted static shapes and a symbolic leading dim.
     act_inputs: list[tuple[str, int, tuple[int, ...]]] = []

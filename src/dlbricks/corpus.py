@@ -115,8 +115,9 @@ class Corpus:
                 a = getattr(g, attr)
                 if a is None and default_zero:
                     a = np.zeros(g.edge_src.shape[0], dtype=dtype)
-                parts.append(np.asarray(a, dtype=dtype))
-            return np.ascontiguousarray(np.concatenate(parts) if parts else np.empty(0, dtype))
+                parts.append(a)
+            # concatenate converts each part (any integer dtype, or a list) to `dtype`.
+            return np.concatenate(parts, dtype=dtype) if parts else np.empty(0, dtype)
 
         self.digests = np.ascontiguousarray(
             np.concatenate([g.digests for g in graphs]) if graphs else np.empty((0, 16), np.uint8)

@@ -404,7 +404,6 @@ PYBIND11_MODULE(_core, m) {
                 py::list outputs;
                 for (const auto& t : r.output_types) outputs.append(type_or_none(t));
                 out["output_types"] = outputs;
-                out["layer_nodes"] = to_numpy(std::move(r.layer_nodes));
                 out["layer_op_keys"] = to_numpy(std::move(r.layer_op_keys));
                 // One bytes object for all names: decoded only if someone asks for them.
                 out["layer_names"] = py::bytes(r.layer_names);

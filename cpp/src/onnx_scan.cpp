@@ -1240,7 +1240,6 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         }
     }
     if (n_layers == 0) { res.fallback = "no layers"; return res; }
-    res.layer_nodes.reserve(n_layers);
     res.layer_op_keys.reserve(n_layers);
     res.digests.reserve(n_layers);
     res.layer_name_ends.reserve(n_layers);
@@ -1360,7 +1359,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         if (!is_layer[i]) continue;
         const Node& n = nodes_[i];
-        const auto idx = static_cast<std::int32_t>(res.layer_nodes.size());
+        const auto idx = static_cast<std::int32_t>(res.layer_op_keys.size());
         key.clear();
         put_u32(key, static_cast<std::uint32_t>(n.head));
         if (const char* why = write_slots(n, false, key)) { res.fallback = why; return res; }
@@ -1394,7 +1393,6 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             form_digest.push_back(hasher.finish());
         }
         res.digests.push_back(form_digest[static_cast<std::size_t>(form)]);
-        res.layer_nodes.push_back(static_cast<std::int32_t>(i));
         res.layer_op_keys.push_back(n.op_key);
     }
     for (std::int32_t o : output_ids_) {

@@ -112,7 +112,6 @@ class WireError(ValueError): ...
 class _ScanResult(TypedDict, total=False):
     fallback: str  # always present; the other keys only when it is ""
     output_types: list[tuple[int, tuple[int, ...]]]
-    layer_nodes: npt.NDArray[np.int32]
     layer_op_keys: npt.NDArray[np.int32]
     layer_names: bytes
     layer_name_ends: npt.NDArray[np.int64]

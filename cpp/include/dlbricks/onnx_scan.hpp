@@ -123,7 +123,6 @@ struct ScanTensorType {
 /// What `OnnxScan::finish` returns (moved to numpy by the bindings).
 struct ScanResult {
     std::string fallback;                      // non-empty: use the full loader
-    std::vector<std::int32_t> layer_nodes;     // node index of each layer, in order
     std::vector<std::int32_t> layer_op_keys;   // op key of each layer (OnnxScan::op_keys)
     std::vector<Digest128> digests;            // one per layer
     std::vector<std::int32_t> edge_src, edge_src_slot, edge_dst, edge_dst_slot;

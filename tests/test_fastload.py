@@ -551,7 +551,7 @@ def test_iter_load_stopped_early_unmaps_its_files(tmp_path):
 
 
 def test_iter_load_with_input_shapes_uses_the_full_loader(tmp_path):
-    files = _mixed_corpus(tmp_path)
+    _mixed_corpus(tmp_path)  # writes sym.onnx, among others
     sym = tmp_path / "sym.onnx"
     [(path, model, error)] = list(onnx_io.iter_load([sym], {"x": [2, 3]}))
     assert path == sym and error is None and not is_fast(model)

@@ -380,18 +380,24 @@ def analyze_split(repeat: int) -> dict:
             if i >= 2:
                 (breakdowns if i % 2 else runs).append({"total_s": wall, **timers.totals})
         result = json.loads(Path(tmp, f"a{2 * repeat + 1}.json").read_text())
+    for r in runs:
+        r["own_s"] = r["total_s"] - r["onnx_parse_s"] - r["shape_inference_s"] - r["onnx_constant_eval_s"]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     breakdown = {k: statistics.median(r[k] for r in breakdowns) for k in breakdowns[0]}
     onnx_s = med["onnx_parse_s"] + med["shape_inference_s"]
-    own_s = med["total_s"] - onnx_s - med["onnx_constant_eval_s"]
+    # The share of each run, then their median: this machine's speed can change by 2x
+    # between runs, and a median of totals and a median of onnx times may come from
+    # runs of different speeds. Within one run both parts ran at the same speed.
+    shares = [r["own_s"] / r["total_s"] for r in runs]
     return {
         "models": len(paths),
         "layers": sum(m["layers"] for m in result["models"]),
         "repeat": repeat,
         "median": med,
         "onnx_parse_and_shape_inference_s": onnx_s,
-        "dlbricks_own_s": own_s,
-        "dlbricks_own_share_of_total": own_s / med["total_s"],
+        "dlbricks_own_s": med["own_s"],
+        "dlbricks_own_share_of_total": statistics.median(shares),
+        "dlbricks_own_share_quartiles": statistics.quantiles(shares, n=4),
         "target_own_share": 0.25,
         "breakdown_median": breakdown,
         "dlbricks_core_share_of_total": breakdown["core_s"] / breakdown["total_s"],
@@ -489,6 +495,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     largest = rows[-1]
     analyze = analyze_split(args.analyze_repeat)
+    if "skipped" not in analyze:
+        q = analyze["dlbricks_own_share_quartiles"]
+        print(
+            f"analyze: dlbricks' own share {analyze['dlbricks_own_share_of_total']:.3f} (median of runs, "
+            f"quartiles {q[0]:.3f}-{q[2]:.3f}; target < {analyze['target_own_share']}), own "
+            f"{analyze['dlbricks_own_s'] * 1e3:.2f} ms, onnx {analyze['onnx_parse_and_shape_inference_s'] * 1e3:.2f} ms",
+            file=sys.stderr,
+        )
     result = {
         "schema_version": SCHEMA_VERSION,
         "context": {

@@ -534,20 +534,34 @@ def test_iter_load_gives_what_load_gives_file_by_file(tmp_path, batch_models, ba
     assert is_fast(got[-1][1])  # the mapped file took the fast path
 
 
-def test_iter_load_stopped_early_unmaps_its_files(tmp_path):
+def test_iter_load_unmaps_its_files_also_when_interrupted(tmp_path, monkeypatch):
     files = _mixed_corpus(tmp_path)
     big = str(tmp_path / "big.onnx")
-    files.insert(0, tmp_path / "big.onnx")  # mapped in the first batch, which is not finished
+    files.insert(0, tmp_path / "big.onnx")  # mapped, in the first batch
 
     def mapped() -> bool:
         with open("/proc/self/maps") as f:
             return big in f.read()
 
-    loading = onnx_io.iter_load([files[1], *files])
-    next(loading)
-    assert mapped()
+    # Mapped files are released once the batch's steps that read them are done...
+    loading = onnx_io.iter_load(files)
+    path, model, _ = next(loading)
+    assert path == files[0] and is_fast(model) and not mapped()
     loading.close()
-    assert not mapped()
+    # ...and when a step is interrupted.
+    seen = []
+    real_infer = onnx_io._infer_light
+
+    def interrupted(prepared):
+        seen.append(mapped())
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return real_infer(prepared)
+
+    monkeypatch.setattr(onnx_io, "_infer_light", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        next(onnx_io.iter_load(files))
+    assert seen == [True, True] and not mapped()
 
 
 def test_iter_load_with_input_shapes_uses_the_full_loader(tmp_path):

@@ -191,50 +191,73 @@ def iter_load(
     i = 0
     while i < len(files):
         batch: list[Path] = []
-        prepared: list[_Prepared | None] = []
+        scanned: list[tuple[bytes | mmap.mmap, _core.OnnxScan] | None] = []
         held = 0  # bytes of the batch's files
         while i < len(files) and len(batch) < max(batch_models, 1) and (not batch or held < batch_bytes):
             path = files[i]
             i += 1
             batch.append(path)
-            prepared.append(_prepare_file(path) if fast else None)
-            held += len(prepared[-1].buf) if prepared[-1] is not None else 0
-        yield from _complete_batch(batch, prepared, input_shapes)
+            scanned.append(_scan_file(path) if fast else None)
+            held += len(scanned[-1][0]) if scanned[-1] is not None else 0
+        yield from _complete_batch(batch, scanned, input_shapes)
 
 
-def _prepare_file(path: Path) -> _Prepared | None:
+def _scan_file(path: Path) -> tuple[bytes | mmap.mmap, _core.OnnxScan] | None:
+    """The file's bytes and their scan; None (nothing left open) when the full loader
+    must run."""
     buf = _open_bytes(path)
     if buf is None:
         return None
     try:
-        prepared = _fast_prepare(buf, path, os.fspath(path), path.stem)
+        scan = _core.OnnxScan(buf)
+        if not scan.fallback:
+            return buf, scan
     except Exception:  # noqa: BLE001 - malformed: the full loader says why
-        prepared = None
-    if prepared is None and isinstance(buf, mmap.mmap):
+        pass
+    if isinstance(buf, mmap.mmap):
         buf.close()
-    return prepared
+    return None
 
 
 def _complete_batch(
-    files: list[Path], prepared: list[_Prepared | None], input_shapes: Mapping[str, Sequence[int]] | None
+    files: list[Path],
+    scanned: list[tuple[bytes | mmap.mmap, _core.OnnxScan] | None],
+    input_shapes: Mapping[str, Sequence[int]] | None,
 ) -> Iterator[tuple[Path, Model | None, ModelError | None]]:
-    """Phases 2 and 3 of a batch (see :func:`iter_load`), in order; the full loader for
-    every file the fast path does not take."""
+    """The rest of a batch's steps, each over the whole batch (see :func:`iter_load`),
+    then the models in order; the full loader for every file the fast path leaves."""
+    bufs = [s[0] for s in scanned if s is not None]
     try:
-        inferred = [None if p is None else _infer_light(p) for p in prepared]
-        for i, path in enumerate(files):
-            model: Model | None = None
-            p, prepared[i] = prepared[i], None
-            if p is not None:
-                light_inferred, inferred[i] = inferred[i], None
+        prepared: list[_Prepared | None] = []
+        for path, s in zip(files, scanned):
+            p = None
+            if s is not None:
                 try:
-                    if light_inferred is not None:
-                        model = _fast_complete(p, light_inferred, stacklevel=3)
+                    p = _fast_prepare(s[1], s[0], path, os.fspath(path), path.stem)
                 except Exception:  # noqa: BLE001 - the full loader says why
-                    model = None
-                finally:
-                    if isinstance(p.buf, mmap.mmap):
-                        p.buf.close()
+                    p = None
+            prepared.append(p)
+        del scanned
+        inferred = [None if p is None else _infer_light(p) for p in prepared]
+        finished: list[dict | None] = []
+        for p, light_inferred in zip(prepared, inferred):
+            res = None
+            if p is not None and light_inferred is not None:
+                try:
+                    res = _finish(p, light_inferred)
+                except Exception:  # noqa: BLE001 - the full loader says why
+                    res = None
+            finished.append(res)
+        del inferred
+        for buf in bufs:  # every step that reads the files is done
+            if isinstance(buf, mmap.mmap):
+                buf.close()
+        for i, path in enumerate(files):
+            p, res = prepared[i], finished[i]
+            prepared[i] = finished[i] = None
+            model: Model | None = None
+            if p is not None and res is not None:
+                model = _build_model(p, res, stacklevel=3)
             error: ModelError | None = None
             if model is None:
                 try:
@@ -243,9 +266,9 @@ def _complete_batch(
                     error = exc
             yield path, model, error
     finally:  # also when the caller stops early
-        for p in prepared:
-            if p is not None and isinstance(p.buf, mmap.mmap):
-                p.buf.close()
+        for buf in bufs:
+            if isinstance(buf, mmap.mmap):
+                buf.close()
 
 
 def _load_file(
@@ -425,12 +448,15 @@ def _open_bytes(path: Path) -> bytes | mmap.mmap | None:
 def _fast_model(
     buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: str, name: str, stacklevel: int = 5
 ) -> Model | None:
-    """The fast path's three phases on one model (see :func:`iter_load` for many)."""
-    prepared = _fast_prepare(buf, source, label, name)
+    """The fast path's steps on one model (see :func:`iter_load` for many)."""
+    prepared = _fast_prepare(_core.OnnxScan(buf), buf, source, label, name)
     if prepared is None:
         return None
     inferred = _infer_light(prepared)
-    return None if inferred is None else _fast_complete(prepared, inferred, stacklevel)
+    if inferred is None:
+        return None
+    res = _finish(prepared, inferred)
+    return None if res is None else _build_model(prepared, res, stacklevel)
 
 
 @dataclass(slots=True)
@@ -452,10 +478,11 @@ class _Prepared:
     light: bytes | None
 
 
-def _fast_prepare(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: str, name: str) -> _Prepared | None:
-    """Phase 1: scan the bytes, resolve op versions, input shapes and heads, write the
+def _fast_prepare(
+    scan: _core.OnnxScan, buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label: str, name: str
+) -> _Prepared | None:
+    """After the scan of ``buf``: resolve op versions, input shapes and heads, write the
     light model. None: the full loader must run."""
-    scan = _core.OnnxScan(buf)
     if scan.fallback:
         return None
     opsets: dict[str, int] = {}
@@ -505,7 +532,7 @@ def _fast_prepare(buf: bytes | mmap.mmap, source: Path | onnx.ModelProto, label:
 
 
 def _infer_light(prepared: _Prepared) -> bytes | None:
-    """Phase 2: onnx's shape inference on the light model (None: the full loader reports
+    """onnx's shape inference on the light model (None: the full loader reports
     inference errors)."""
     light, prepared.light = prepared.light, None
     try:
@@ -514,14 +541,16 @@ def _infer_light(prepared: _Prepared) -> bytes | None:
         return None
 
 
-def _fast_complete(p: _Prepared, inferred: bytes, stacklevel: int) -> Model | None:
-    """Phase 3: fold, hash and build the Model. ``stacklevel`` points warnings at the
-    caller of the public function."""
-    scan = p.scan
-    res = scan.finish(p.buf, inferred, p.shapes, p.dim_subst)
-    if res["fallback"]:
-        return None
+def _finish(p: _Prepared, inferred: bytes) -> dict | None:
+    """Fold and hash (the scan's finish); None: the full loader must run."""
+    res = p.scan.finish(p.buf, inferred, p.shapes, p.dim_subst)
+    return None if res["fallback"] else res
 
+
+def _build_model(p: _Prepared, res: dict, stacklevel: int) -> Model:
+    """The Model of a finished scan. ``stacklevel`` points warnings at the caller of the
+    public function."""
+    scan = p.scan
     source = p.source
     digests = res["digests"]
     # Absolute: the layers may be built after the caller has changed directory.

@@ -663,7 +663,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
             case graph_f::node: {
                 Node node;
                 node.span = f.whole;
-                ScanSpan op_span, domain_span;
+                ScanSpan op_span, op_whole, domain_span;
                 attr_whole.clear();
                 attrs.clear();
                 node_ins.clear();
@@ -679,7 +679,10 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                         case node_f::output:
                             node_outs.push_back(intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size()));
                             break;
-                        case node_f::op_type: op_span = g.payload; break;
+                        case node_f::op_type:
+                            op_span = g.payload;
+                            op_whole = g.whole;
+                            break;
                         case node_f::domain: domain_span = g.payload; break;
                         case node_f::name: node.name = g.payload; break;
                         case node_f::attribute:
@@ -689,16 +692,34 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                         default: break;
                     }
                 }
-                // The head key: op type and domain (length-prefixed), then the attribute
-                // fields as written.
-                key.clear();
-                put_u32(key, static_cast<std::uint32_t>(op_span.size()));
-                key.append(reinterpret_cast<const char*>(d + op_span.begin), op_span.size());
-                put_u32(key, static_cast<std::uint32_t>(domain_span.size()));
-                key.append(reinterpret_cast<const char*>(d + domain_span.begin), domain_span.size());
-                for (const ScanSpan& w : attr_whole) key.append(reinterpret_cast<const char*>(d + w.begin), w.size());
+                // The head key. Serializers write a node's fields in field-number order,
+                // so the op type field and the attribute fields usually lie back to back:
+                // that span of the file is the key as it is (it starts with the op type's
+                // tag, 0x22). Otherwise, or with a domain, a key is written: a 0 byte,
+                // then op type and domain (length-prefixed), then the attribute fields.
+                // The two forms never collide; equal heads written both ways only get
+                // two ids with the same canonical head.
+                bool contiguous = domain_span.size() == 0 && op_whole.size() > 0;
+                std::uint64_t key_end = op_whole.end;
+                for (const ScanSpan& w : attr_whole) {
+                    contiguous = contiguous && w.begin == key_end;
+                    key_end = w.end;
+                }
+                const char* key_data = reinterpret_cast<const char*>(d + op_whole.begin);
+                std::size_t key_size = key_end - op_whole.begin;
+                if (!contiguous) {
+                    key.clear();
+                    key.push_back('\0');
+                    put_u32(key, static_cast<std::uint32_t>(op_span.size()));
+                    key.append(reinterpret_cast<const char*>(d + op_span.begin), op_span.size());
+                    put_u32(key, static_cast<std::uint32_t>(domain_span.size()));
+                    key.append(reinterpret_cast<const char*>(d + domain_span.begin), domain_span.size());
+                    for (const ScanSpan& w : attr_whole) key.append(reinterpret_cast<const char*>(d + w.begin), w.size());
+                    key_data = key.data();
+                    key_size = key.size();
+                }
                 bool inserted;
-                node.head = head_ids.intern(key.data(), key.size(), inserted);
+                node.head = head_ids.intern(key_data, key_size, inserted);
                 if (inserted) {
                     head_node.push_back(static_cast<std::int32_t>(nodes_.size()));
                     std::string op_type = text(d, op_span), domain = text(d, domain_span);

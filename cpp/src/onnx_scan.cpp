@@ -636,7 +636,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
     // node's own name lists.
     std::string key;
     std::vector<ScanSpan> attr_whole, attrs;  // each attribute field, and its payload
-    std::vector<std::int32_t> node_ins, node_outs;
+    std::vector<std::int32_t> node_outs;
     {
         // Size the tables from a first pass over the graph's fields (payloads are skipped
         // by their length: microseconds). Not from the graph's size: weights can make it
@@ -661,20 +661,20 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
         if (f.wire != 2) continue;
         switch (f.number) {
             case graph_f::node: {
-                Node node;
+                Node& node = nodes_.emplace_back();  // filled in place
                 node.span = f.whole;
+                node.ins_at = static_cast<std::uint32_t>(pool_.size());
                 ScanSpan op_span, op_whole, domain_span;
                 attr_whole.clear();
                 attrs.clear();
-                node_ins.clear();
                 node_outs.clear();
                 Reader nr(d, f.payload);
                 Field g;
                 while (nr.next(g)) {
                     if (g.wire != 2) continue;
                     switch (g.number) {
-                        case node_f::input:
-                            node_ins.push_back(intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size()));
+                        case node_f::input:  // straight into the pool; outputs follow them there
+                            pool_.push_back(intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size()));
                             break;
                         case node_f::output:
                             node_outs.push_back(intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size()));
@@ -721,7 +721,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                 bool inserted;
                 node.head = head_ids.intern(key_data, key_size, inserted);
                 if (inserted) {
-                    head_node.push_back(static_cast<std::int32_t>(nodes_.size()));
+                    head_node.push_back(static_cast<std::int32_t>(nodes_.size() - 1));
                     std::string op_type = text(d, op_span), domain = text(d, domain_span);
                     if (domain == "ai.onnx") domain.clear();
                     bool graph_attr = false;
@@ -843,13 +843,10 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                         }
                     }
                 }
-                node.ins_at = static_cast<std::uint32_t>(pool_.size());
-                node.ins.n = node_ins.size();
-                pool_.insert(pool_.end(), node_ins.begin(), node_ins.end());
+                node.ins.n = pool_.size() - node.ins_at;
                 node.outs_at = static_cast<std::uint32_t>(pool_.size());
                 node.outs.n = node_outs.size();
                 pool_.insert(pool_.end(), node_outs.begin(), node_outs.end());
-                nodes_.push_back(node);
                 break;
             }
             case graph_f::name: graph_name_ = f.whole; break;

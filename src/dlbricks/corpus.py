@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import accumulate
 
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -12,6 +13,12 @@ import numpy as np
 from dlbricks import _core
 from dlbricks.graph import _MAX_G, GraphLike, Split, _check_graph
 from dlbricks.model import layer_kind_codes
+
+
+def _sizes(offsets: np.ndarray) -> list[int]:
+    """Sizes of the runs that ``offsets`` delimit, as a list (one numpy call)."""
+    o = offsets.tolist()
+    return [b - a for a, b in zip(o, o[1:])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +111,10 @@ class Corpus:
         self.names = list(names) if names is not None else [str(getattr(g, "name", f"model{i}")) for i, g in enumerate(graphs)]
         if len(self.names) != len(graphs):
             raise ValueError(f"{len(self.names)} names for {len(graphs)} models")
-        node_counts = [g.digests.shape[0] for g in graphs]
-        edge_counts = [g.edge_src.shape[0] for g in graphs]
-        self.node_offsets = np.concatenate([[0], np.cumsum(node_counts, dtype=np.int64)]).astype(np.int64)
-        self.edge_offsets = np.concatenate([[0], np.cumsum(edge_counts, dtype=np.int64)]).astype(np.int64)
+        # Offsets summed in Python: one numpy call each (a numpy call costs more than
+        # adding up a corpus's counts).
+        self.node_offsets = np.array([0, *accumulate(g.digests.shape[0] for g in graphs)], dtype=np.int64)
+        self.edge_offsets = np.array([0, *accumulate(g.edge_src.shape[0] for g in graphs)], dtype=np.int64)
 
         def cat(attr: str, dtype: type, default_zero: bool = False) -> np.ndarray:
             parts = []
@@ -266,11 +273,11 @@ class Corpus:
         arrays: per-model Python is only the building of each dict."""
         rows = range(len(self.graphs)) if only is None else [range(len(self.graphs))[only]]
         splits = self.splits(Gs)  # first: one core pass also dedups the layers
-        layers = np.diff(self.node_offsets).tolist()
+        layers = _sizes(self.node_offsets)
         unique = self._distinct_per_model(None).tolist()
         per_G = []
         for G, sp in zip(Gs, splits):
-            per_G.append((str(G), np.diff(sp.seq_model_offsets).tolist(), sp.model_unique.tolist()))
+            per_G.append((str(G), _sizes(sp.seq_model_offsets), sp.model_unique.tolist()))
         repeats = self._repeated_kinds()
         out = []
         for i in rows:

@@ -675,6 +675,32 @@ def test_per_model_counts_and_repeats_match_python_sets(graphs: list[Graph], G: 
 
 
 @SETTINGS
+@given(st.lists(st.lists(st.tuples(st.booleans(), st.integers(-1, 5)), max_size=30), max_size=6))
+def test_repeated_kinds_count_like_counter_most_common(models: list[list[tuple[bool, int]]]) -> None:
+    # Per model: (repeated?, kind code) per layer; a negative code has no kind.
+    flat = [layer for model in models for layer in model]
+    offsets = np.array([0, *np.cumsum([len(m) for m in models], dtype=np.int64)], dtype=np.int64)
+    at, kinds, counts = _core.repeated_kinds(
+        offsets, np.array([r for r, _ in flat], dtype=np.uint8), np.array([k for _, k in flat], dtype=np.int32)
+    )
+    assert at.dtype == np.int64 and kinds.dtype == np.int32 and counts.dtype == np.int64
+    assert len(at) == len(models) + 1 and at[0] == 0 and at[-1] == len(kinds) == len(counts)
+    for i, model in enumerate(models):
+        want = Counter(k for r, k in model if r and k >= 0).most_common()
+        assert list(zip(kinds[at[i] : at[i + 1]].tolist(), counts[at[i] : at[i + 1]].tolist())) == want
+
+
+def test_repeated_kinds_rejects_inconsistent_arrays() -> None:
+    flags, codes = np.zeros(3, np.uint8), np.zeros(3, np.int32)
+    with pytest.raises(ValueError, match="run from 0 to len"):
+        _core.repeated_kinds(np.array([0, 2], np.int64), flags, codes)
+    with pytest.raises(ValueError, match="differ in length"):
+        _core.repeated_kinds(np.array([0, 3], np.int64), flags, codes[:2])
+    with pytest.raises(ValueError, match="decrease"):
+        _core.repeated_kinds(np.array([0, 2, 1, 3], np.int64), flags, codes)
+
+
+@SETTINGS
 @given(corpora)
 def test_jaccard_matches_python_sets(graphs: list[Graph]) -> None:
     jac = Corpus(graphs).jaccard()

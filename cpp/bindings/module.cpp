@@ -285,6 +285,29 @@ PYBIND11_MODULE(_core, m) {
         "Sequence digests of canonical keys (dedup_corpus(..., sequence_digests=False) returns them).");
 
     m.def(
+        "repeated_kinds",
+        [](Array<std::int64_t> node_offsets, Array<std::uint8_t> repeated, Array<std::int32_t> kind_codes) {
+            require_1d(node_offsets, "node_offsets");
+            require_1d(repeated, "repeated");
+            require_1d(kind_codes, "kind_codes");
+            if (node_offsets.shape(0) < 1) throw std::invalid_argument("node_offsets needs at least one entry");
+            const std::int64_t m = node_offsets.shape(0) - 1;
+            if (node_offsets.data()[0] != 0 || node_offsets.data()[m] != repeated.shape(0))
+                throw std::invalid_argument("node_offsets must run from 0 to len(repeated)");
+            if (kind_codes.shape(0) != repeated.shape(0))
+                throw std::invalid_argument("kind_codes and repeated differ in length");
+            RepeatedKinds r;
+            {
+                py::gil_scoped_release release;
+                r = repeated_kinds(m, node_offsets.data(), repeated.data(), kind_codes.data());
+            }
+            return py::make_tuple(to_numpy(std::move(r.offsets)), to_numpy(std::move(r.kinds)),
+                                  to_numpy(std::move(r.counts)));
+        },
+        py::arg("node_offsets"), py::arg("repeated"), py::arg("kind_codes"),
+        "Per model, its repeated layers' kinds and counts, most common first (ties: first repeat first).");
+
+    m.def(
         "jaccard_matrix",
         [](Array<std::int64_t> node_offsets, Array<std::int32_t> layer_ids) {
             require_1d(node_offsets, "node_offsets");

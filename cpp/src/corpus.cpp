@@ -348,4 +348,33 @@ std::vector<double> jaccard_matrix(std::int64_t m, const std::int64_t* node_offs
     return out;
 }
 
+RepeatedKinds repeated_kinds(std::int64_t m, const std::int64_t* node_offsets, const std::uint8_t* repeated,
+                             const std::int32_t* kind_codes) {
+    for (std::int64_t i = 0; i < m; ++i)
+        if (node_offsets[i + 1] < node_offsets[i])
+            throw std::invalid_argument("offsets of model " + std::to_string(i) + " decrease");
+    RepeatedKinds out;
+    out.offsets.reserve(static_cast<std::size_t>(m) + 1);
+    out.offsets.push_back(0);
+    std::vector<std::int64_t> count;  // by kind code, zero between models
+    std::vector<std::int32_t> order;  // the model's kinds in order of first repeat
+    for (std::int64_t i = 0; i < m; ++i) {
+        order.clear();
+        for (std::int64_t l = node_offsets[i]; l < node_offsets[i + 1]; ++l) {
+            const std::int32_t k = kind_codes[l];
+            if (!repeated[l] || k < 0) continue;
+            if (static_cast<std::size_t>(k) >= count.size()) count.resize(static_cast<std::size_t>(k) + 1, 0);
+            if (count[k]++ == 0) order.push_back(k);
+        }
+        std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return count[a] > count[b]; });
+        for (std::int32_t k : order) {
+            out.kinds.push_back(k);
+            out.counts.push_back(count[k]);
+            count[k] = 0;
+        }
+        out.offsets.push_back(static_cast<std::int64_t>(out.kinds.size()));
+    }
+    return out;
+}
+
 }  // namespace dlbricks

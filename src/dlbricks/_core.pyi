@@ -102,6 +102,9 @@ def dedup_corpus_many(
 ) -> list[_DedupResult]: ...  # one per G, all holding the same layer arrays
 def sequence_digests(keys: _UInt8Array, key_offsets: _Int64Array) -> npt.NDArray[np.uint8]:
     """Sequence digests of canonical keys (dedup_corpus(..., sequence_digests=False) returns them)."""
+def repeated_kinds(
+    node_offsets: _Int64Array, repeated: npt.NDArray[np.uint8], kind_codes: _Int32Array
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int64]]: ...
 def jaccard_matrix(node_offsets: _Int64Array, layer_ids: _Int32Array) -> npt.NDArray[np.float64]: ...
 
 # The fast loader (cpp/include/dlbricks/onnx_scan.hpp, docs/core.md).

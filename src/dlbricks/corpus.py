@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from itertools import accumulate
-
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Sequence
 
 import numpy as np
@@ -298,25 +296,31 @@ class Corpus:
         """Per model, the kinds of its repeated layers (every occurrence of a layer after
         its first within the model) with their counts, most common first and ties in
         order of first repeat, as Counter.most_common orders them. Models without
-        ``layers`` (plain graphs) have none. The core flags the repeats while it dedups;
-        per model this is one boolean selection and a count over the repeats (cached)."""
+        ``layers`` (plain graphs) have none. The core flags the repeats while it dedups
+        and counts them per kind in one pass over the corpus; per model there is only
+        the building of its dict (cached)."""
         if self._repeats is None:
             self.layer_ids  # noqa: B018  (computes on first use)
             assert self._layer_repeats is not None
-            repeats = self._layer_repeats.view(bool)
-            offsets = self.node_offsets.tolist()
-            out: list[dict[str, int]] = []
-            for i, g in enumerate(self.graphs):
+            tables: list[list[str] | None] = []
+            codes: list[np.ndarray] = []
+            for g, n in zip(self.graphs, _sizes(self.node_offsets)):
                 layers = getattr(g, "layers", None)
-                if layers is None or offsets[i] == offsets[i + 1]:
-                    out.append({})
+                if layers is None or n == 0:
+                    tables.append(None)
+                    codes.append(np.full(n, -1, np.int32))  # no kinds: nothing counts
                     continue
-                table, codes = layer_kind_codes(layers)
-                # Counter counts in C and keeps the order of first repeat, which
-                # most_common's stable sort keeps for equal counts.
-                counts = Counter(codes[repeats[offsets[i] : offsets[i + 1]]].tolist())
-                out.append({table[code]: n for code, n in counts.most_common()})
-            self._repeats = out
+                table, model_codes = layer_kind_codes(layers)
+                tables.append(table)
+                codes.append(model_codes)
+            all_codes = np.concatenate(codes, dtype=np.int32) if codes else np.empty(0, np.int32)
+            at, kinds, counts = (
+                a.tolist() for a in _core.repeated_kinds(self.node_offsets, self._layer_repeats, all_codes)
+            )
+            self._repeats = [
+                {table[kinds[j]]: counts[j] for j in range(at[i], at[i + 1])} if table is not None else {}
+                for i, table in enumerate(tables)
+            ]
         return self._repeats
 
     def stats(self, Gs: Sequence[int] = (1,)) -> dict:

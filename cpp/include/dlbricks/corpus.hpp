@@ -70,4 +70,17 @@ std::vector<Digest128> sequence_digests(const std::uint8_t* keys, const std::int
 std::vector<double> jaccard_matrix(std::int64_t n_models, const std::int64_t* node_offsets,
                                    const std::int32_t* layer_ids);
 
+/// Per model, the kinds of its repeated layers (repeated[l] != 0; a negative kind code
+/// means none) with their counts, most common first and ties in order of first repeat.
+/// Model i's entries are [offsets[i], offsets[i+1]) of kinds and counts. Kind codes are
+/// the caller's (e.g. indices into each model's table of op types). Throws
+/// std::invalid_argument if the node offsets decrease. Cost: O(layers + kinds log kinds).
+struct RepeatedKinds {
+    std::vector<std::int64_t> offsets;
+    std::vector<std::int32_t> kinds;
+    std::vector<std::int64_t> counts;
+};
+RepeatedKinds repeated_kinds(std::int64_t n_models, const std::int64_t* node_offsets, const std::uint8_t* repeated,
+                             const std::int32_t* kind_codes);
+
 }  // namespace dlbricks

@@ -152,6 +152,17 @@ void add_sequences(py::dict& out, CorpusResult& r) {
     out["model_unique_seqs"] = to_numpy(std::move(r.model_unique_seqs));
 }
 
+// The number of models that per-model `node_offsets` delimit over `n_layers` entries of
+// the array called `layers` (they must run from 0 to its length).
+std::int64_t models_of(const Array<std::int64_t>& node_offsets, py::ssize_t n_layers, const char* layers) {
+    require_1d(node_offsets, "node_offsets");
+    if (node_offsets.shape(0) < 1) throw std::invalid_argument("node_offsets needs at least one entry");
+    const std::int64_t m = node_offsets.shape(0) - 1;
+    if (node_offsets.data()[0] != 0 || node_offsets.data()[m] != n_layers)
+        throw std::invalid_argument(std::string("node_offsets must run from 0 to len(") + layers + ")");
+    return m;
+}
+
 // Both dedup entry points: one dict per G (the single-G one takes the first), all
 // sharing the same layer arrays.
 py::list dedup_to_dicts(Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
@@ -287,13 +298,9 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "repeated_kinds",
         [](Array<std::int64_t> node_offsets, Array<std::uint8_t> repeated, Array<std::int32_t> kind_codes) {
-            require_1d(node_offsets, "node_offsets");
             require_1d(repeated, "repeated");
             require_1d(kind_codes, "kind_codes");
-            if (node_offsets.shape(0) < 1) throw std::invalid_argument("node_offsets needs at least one entry");
-            const std::int64_t m = node_offsets.shape(0) - 1;
-            if (node_offsets.data()[0] != 0 || node_offsets.data()[m] != repeated.shape(0))
-                throw std::invalid_argument("node_offsets must run from 0 to len(repeated)");
+            const std::int64_t m = models_of(node_offsets, repeated.shape(0), "repeated");
             if (kind_codes.shape(0) != repeated.shape(0))
                 throw std::invalid_argument("kind_codes and repeated differ in length");
             RepeatedKinds r;
@@ -310,12 +317,8 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "jaccard_matrix",
         [](Array<std::int64_t> node_offsets, Array<std::int32_t> layer_ids) {
-            require_1d(node_offsets, "node_offsets");
             require_1d(layer_ids, "layer_ids");
-            if (node_offsets.shape(0) < 1) throw std::invalid_argument("node_offsets needs at least one entry");
-            const std::int64_t m = node_offsets.shape(0) - 1;
-            if (node_offsets.data()[0] != 0 || node_offsets.data()[m] != layer_ids.shape(0))
-                throw std::invalid_argument("node_offsets must run from 0 to len(layer_ids)");
+            const std::int64_t m = models_of(node_offsets, layer_ids.shape(0), "layer_ids");
             std::vector<double> out;
             {
                 py::gil_scoped_release release;

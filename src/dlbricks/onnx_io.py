@@ -214,8 +214,7 @@ def _scan_file(path: Path) -> tuple[bytes | mmap.mmap, _core.OnnxScan] | None:
             return buf, scan
     except Exception:  # noqa: BLE001 - malformed: the full loader says why
         pass
-    if isinstance(buf, mmap.mmap):
-        buf.close()
+    _release(buf)
     return None
 
 
@@ -250,8 +249,7 @@ def _complete_batch(
             finished.append(res)
         del inferred
         for buf in bufs:  # every step that reads the files is done
-            if isinstance(buf, mmap.mmap):
-                buf.close()
+            _release(buf)
         for i, path in enumerate(files):
             p, res = prepared[i], finished[i]
             prepared[i] = finished[i] = None
@@ -265,10 +263,9 @@ def _complete_batch(
                 except ModelError as exc:
                     error = exc
             yield path, model, error
-    finally:  # also when the caller stops early
+    finally:  # also when a step is interrupted
         for buf in bufs:
-            if isinstance(buf, mmap.mmap):
-                buf.close()
+            _release(buf)
 
 
 def _load_file(
@@ -419,8 +416,13 @@ def _load_fast(path: Path, label: str, name: str) -> Model | None:
     except Exception:  # noqa: BLE001 - unreadable or malformed: the full loader says why
         return None
     finally:
-        if isinstance(buf, mmap.mmap):
-            buf.close()
+        _release(buf)
+
+
+def _release(buf: bytes | mmap.mmap) -> None:
+    """Unmaps what :func:`_open_bytes` mapped (bytes need nothing; unmapping twice is fine)."""
+    if isinstance(buf, mmap.mmap):
+        buf.close()
 
 
 def _open_bytes(path: Path) -> bytes | mmap.mmap | None:

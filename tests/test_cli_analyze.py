@@ -271,6 +271,38 @@ def test_python_dash_m_dlbricks_analyze_prints_json_and_exits_0():
     assert result["corpus"]["sequences"]["2"]["unique_sequences"] <= result["corpus"]["sequences"]["2"]["sequences"]
 
 
+_ENTRY_PROBE = """
+import gc, sys
+from dlbricks.cli import console_main
+sys.argv = ["dlbricks", *sys.argv[1:]]
+try:
+    rc = console_main()
+except SystemExit as exc:  # argparse's --version exits from inside main
+    rc = exc.code
+sys.stdout.flush()
+print("frozen", gc.get_freeze_count(), "rc", rc)
+"""
+
+
+def test_program_entry_runs_main_then_leaves_live_objects_to_the_os():
+    # The installed `dlbricks` program is console_main: the command's output and exit
+    # code are main's, and the objects alive at the end are frozen (shutdown skips
+    # collecting them), also when argparse exits from inside main.
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "dlbricks"]
+    assert script.value == "dlbricks.cli:console_main"
+    model = str(light("bvlc_alexnet"))
+    for args, rc in ((["analyze", "--json", model], 0), (["--version"], 0), (["analyze", "-G", "0", model], 2)):
+        proc = subprocess.run([sys.executable, "-c", _ENTRY_PROBE, *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        frozen, n, _, code = lines[-1].split()
+        assert frozen == "frozen" and int(n) > 1000 and code == str(rc), proc.stdout[-300:]
+        if args[0] == "analyze" and rc == 0:
+            assert json.loads(lines[0])["models"][0]["layers"] == 24
+
+
 _FASTBIN_PROBE = """
 import ctypes, sys
 from dlbricks.commands._common import tune_allocator_for_loading

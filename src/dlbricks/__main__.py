@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import sys
 
-from dlbricks.cli import main
+from dlbricks.cli import console_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

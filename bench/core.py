@@ -1,6 +1,7 @@
 """Speed and memory of the C++ core on a synthetic architecture-search corpus.
 
-Usage: python bench/core.py [--sizes 10000,100000,1000000] [--repeat 5] [-o out.json]
+Usage: python bench/core.py [--sizes 10000,100000,1000000] [--repeat 5] [--analyze-repeat 3]
+       [--oneshot-repeat 9] [-o out.json]
 
 The corpus: models of 80-120 layers drawn from 30 layer kinds (4 widths each), mostly
 chains, with about 12% of layers an Add fed by a skip connection from 2-6 layers back
@@ -31,7 +32,13 @@ reports VmHWM - VmRSS (``hwm_bytes_per_layer``).
 with onnx parsing, shape inference and onnx's reference evaluator timed apart from the
 total (the split), and, in runs of their own alternating with those, the fast loader's
 C++ passes and the core calls too (``breakdown_median``: a timer around each of
-dlbricks' calls would add its own cost to dlbricks' share of the split).
+dlbricks' calls would add its own cost to dlbricks' share of the split). These runs repeat
+the command in one process (warm, as a pipeline calling dlbricks would); onnx's work is
+its parsing, shape inference, operator schema lookups and reference evaluator.
+
+``analyze_oneshot``: the same command once per fresh process (``--oneshot-repeat``), as
+one command-line run makes it: first-use work (canonical heads, schema lookups, argparse)
+included, module imports timed apart (``import_s``).
 
 The last line of output is one JSON object.
 """
@@ -317,6 +324,34 @@ class _Timers:
         self._undo.clear()
 
 
+# onnx's work inside `dlbricks analyze`: everything else is dlbricks' own.
+_ONNX_LABELS = ("onnx_parse_s", "shape_inference_s", "onnx_schema_s", "onnx_constant_eval_s")
+
+
+def _light_paths(onnx_module) -> list[str]:  # noqa: ANN001
+    """The nine light models shipped with onnx (their weights come from ConstantOfShape)."""
+    light = Path(onnx_module.__file__).parent / "backend" / "test" / "data" / "light"
+    return sorted(str(p) for p in light.glob("light_*.onnx"))
+
+
+def _onnx_timers(onnx_module, onnx_io) -> _Timers:  # noqa: ANN001
+    """Timers around every onnx call dlbricks analyze makes: parsing, shape inference
+    (the fast loader calls onnx's C++ entry directly), operator schema lookups (the
+    first one builds onnx's registry) and the reference evaluator (constant folding)."""
+    import onnx.defs
+    import onnx.reference
+    import onnx.shape_inference
+
+    timers = _Timers()
+    timers.wrap(onnx_module, "load", "onnx_parse_s")
+    timers.wrap(onnx.shape_inference, "infer_shapes", "shape_inference_s")
+    if onnx_io._c_shape_inference is not None:
+        timers.wrap(onnx_io._c_shape_inference, "infer_shapes", "shape_inference_s")
+    timers.wrap(onnx.defs, "get_schema", "onnx_schema_s")
+    timers.wrap(onnx.reference.ReferenceEvaluator, "run", "onnx_constant_eval_s")
+    return timers
+
+
 def analyze_split(repeat: int) -> dict:
     """``dlbricks analyze`` over the nine light models of onnx's test data, timed in
     process: total wall time, and within it onnx.load (parsing), onnx shape inference and
@@ -332,18 +367,12 @@ def analyze_split(repeat: int) -> dict:
         from dlbricks import _core, cli, onnx_io  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any failure means "not available yet"
         return {"skipped": f"dlbricks analyze is not importable: {type(exc).__name__}: {exc}"}
-    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-    paths = sorted(str(p) for p in light.glob("light_*.onnx"))
+    paths = _light_paths(onnx)
     if len(paths) != 9:
-        return {"skipped": f"expected the nine light models in {light}, found {len(paths)}"}
+        return {"skipped": f"expected the nine light models beside onnx, found {len(paths)}"}
 
     def timers_for(breakdown: bool) -> _Timers:
-        timers = _Timers()
-        timers.wrap(onnx, "load", "onnx_parse_s")
-        timers.wrap(onnx.shape_inference, "infer_shapes", "shape_inference_s")
-        if onnx_io._c_shape_inference is not None:  # the fast loader calls onnx's C++ directly
-            timers.wrap(onnx_io._c_shape_inference, "infer_shapes", "shape_inference_s")
-        timers.wrap(onnx.reference.ReferenceEvaluator, "run", "onnx_constant_eval_s")
+        timers = _onnx_timers(onnx, onnx_io)
         if breakdown:
             # The fast loader's C++ passes, reported apart (they are dlbricks' own work).
             timers.wrap(_core.OnnxScan, "light_model", "fast_loader_light_model_s")
@@ -381,10 +410,10 @@ def analyze_split(repeat: int) -> dict:
                 (breakdowns if i % 2 else runs).append({"total_s": wall, **timers.totals})
         result = json.loads(Path(tmp, f"a{2 * repeat + 1}.json").read_text())
     for r in runs:
-        r["own_s"] = r["total_s"] - r["onnx_parse_s"] - r["shape_inference_s"] - r["onnx_constant_eval_s"]
+        r["own_s"] = r["total_s"] - sum(r[k] for k in _ONNX_LABELS)
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     breakdown = {k: statistics.median(r[k] for r in breakdowns) for k in breakdowns[0]}
-    onnx_s = med["onnx_parse_s"] + med["shape_inference_s"]
+    onnx_s = med["onnx_parse_s"] + med["shape_inference_s"] + med["onnx_schema_s"]
     # The share of each run, then their median: this machine's speed can change by 2x
     # between runs, and a median of totals and a median of onnx times may come from
     # runs of different speeds. Within one run both parts ran at the same speed.
@@ -403,6 +432,61 @@ def analyze_split(repeat: int) -> dict:
         "dlbricks_core_share_of_total": breakdown["core_s"] / breakdown["total_s"],
         "runs": runs,
         "breakdown_runs": breakdowns,
+    }
+
+
+def oneshot_child(out_dir: str) -> None:
+    """One ``dlbricks analyze`` of the nine light models in this fresh process, as a
+    command-line run makes it; prints one JSON line. dlbricks' and onnx's modules are
+    imported first and timed apart (``import_s``): a clean install has their bytecode
+    compiled, this checkout may not, so import cost depends on the machine's setup."""
+    pin_to_one_cpu()
+    t0 = time.perf_counter()
+    import onnx
+    import onnx.defs
+    import onnx.reference
+    import onnx.shape_inference
+
+    from dlbricks import analysis, cli, corpus, digest, graph, onnx_io  # noqa: F401
+    from dlbricks.commands import _common, analyze  # noqa: F401
+
+    import_s = time.perf_counter() - t0
+    paths = _light_paths(onnx)
+    timers = _onnx_timers(onnx, onnx_io)
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        t0 = time.perf_counter()
+        rc = cli.main(["analyze", *paths, "--json", "-o", os.path.join(out_dir, "a.json")])
+        wall = time.perf_counter() - t0
+    timers.restore()
+    print(json.dumps({"rc": rc, "import_s": import_s, "total_s": wall, **timers.totals}))
+
+
+def analyze_oneshot(repeat: int) -> dict:
+    """``dlbricks analyze`` once per fresh process (``repeat`` processes): what one
+    command-line run costs, first-use work included (canonical heads, schema lookups,
+    argparse), after the modules are imported. The split is the same as in
+    :func:`analyze_split`; onnx's schema lookups count as onnx's (the first one builds
+    onnx's operator registry)."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeat):
+            done = subprocess.run([sys.executable, __file__, "--oneshot-child", tmp], capture_output=True, text=True)
+            if done.returncode != 0 or not done.stdout.strip():
+                return {"skipped": f"one-shot child failed ({done.returncode}): {done.stderr.strip()[-300:]}"}
+            run = json.loads(done.stdout.splitlines()[-1])
+            if run["rc"] != 0:
+                return {"skipped": f"dlbricks analyze exited with {run['rc']}"}
+            run["onnx_s"] = sum(run[k] for k in _ONNX_LABELS)
+            run["own_s"] = run["total_s"] - run["onnx_s"]
+            runs.append(run)
+    shares = [r["own_s"] / r["total_s"] for r in runs]
+    return {
+        "processes": repeat,
+        "median": {k: statistics.median(r[k] for r in runs) for k in ("import_s", "total_s", "onnx_s", "own_s")},
+        "dlbricks_own_share_of_total": statistics.median(shares),
+        "dlbricks_own_share_quartiles": statistics.quantiles(shares, n=4) if len(shares) > 1 else shares * 3,
+        "runs": runs,
     }
 
 
@@ -461,8 +545,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--analyze-repeat", type=int, default=3, help="timed runs of dlbricks analyze")
     parser.add_argument("-o", "--output", help="also write the JSON object here")
+    parser.add_argument("--oneshot-repeat", type=int, default=9, help="fresh processes running dlbricks analyze once")
     parser.add_argument("--memory-child", nargs=2, metavar=("FOLDER", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--oneshot-child", metavar="FOLDER", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.oneshot_child:
+        oneshot_child(args.oneshot_child)
+        return 0
     if args.memory_child:
         memory_child(args.memory_child[0], args.memory_child[1])
         return 0
@@ -503,6 +592,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{analyze['dlbricks_own_s'] * 1e3:.2f} ms, onnx {analyze['onnx_parse_and_shape_inference_s'] * 1e3:.2f} ms",
             file=sys.stderr,
         )
+    oneshot = analyze_oneshot(args.oneshot_repeat) if args.oneshot_repeat > 0 else {"skipped": "--oneshot-repeat 0"}
+    if "skipped" not in oneshot:
+        q, m = oneshot["dlbricks_own_share_quartiles"], oneshot["median"]
+        print(
+            f"analyze once per process: dlbricks' own share {oneshot['dlbricks_own_share_of_total']:.3f} "
+            f"(quartiles {q[0]:.3f}-{q[2]:.3f}), own {m['own_s'] * 1e3:.2f} ms, onnx {m['onnx_s'] * 1e3:.2f} ms, "
+            f"imports {m['import_s'] * 1e3:.0f} ms",
+            file=sys.stderr,
+        )
     result = {
         "schema_version": SCHEMA_VERSION,
         "context": {
@@ -531,7 +629,10 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"layers_per_s": 5e6, "speedup_vs_python": 30, "bytes_per_layer": 256},
         "sizes": rows,
         "analyze_split": None if "skipped" in analyze else analyze,
+        "analyze_oneshot": None if "skipped" in oneshot else oneshot,
     }
+    if "skipped" in oneshot:
+        result["analyze_oneshot_reason"] = oneshot["skipped"]
     if "skipped" in analyze:
         result["analyze_split_reason"] = analyze["skipped"]
     line = json.dumps(result)

@@ -22,7 +22,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 import dlbricks
-from dlbricks import _core, onnx_io
+from dlbricks import _core, digest, onnx_io
 from dlbricks.model import DlbricksError, LazyLayers, ModelError
 
 DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"
@@ -199,8 +199,9 @@ def test_heads_are_made_once_per_process_and_reused_by_later_scans(monkeypatch):
     assert "ConstantOfShape" not in asked and {"Conv", "BatchNormalization", "Relu"} <= asked
     for h_id, k, attr_bytes in missing:
         attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
-        head, outer = onnx_io._head("", op_names[k], attrs, versions[k])
+        head, outer = onnx_io.make_head("", op_names[k], attrs, versions[k])
         assert not outer
+        assert digest._head("", op_names[k], attrs, versions[k]) == (head, outer)  # cached == uncached
         scan.set_head(h_id, head, table)
     assert len(table) == len(missing)
     again, _, missing_again = _scan_with_heads(buf, table)

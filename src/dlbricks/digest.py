@@ -493,16 +493,28 @@ _HEAD_KEY_MAX_BYTES = 4096
 def _head(
     raw_domain: str, op_type: str, attrs: Sequence[AttributeProto], op_version: int
 ) -> tuple[bytes, tuple[str, ...]]:
-    """Magic, version, operator and attributes, and the outer names the attributes read.
-
-    Both follow from the operator and the attributes' serialized bytes alone (subgraph
-    bodies included), so layers that repeat them share one computation.
-    """
+    """:func:`make_head`, cached: both results follow from the operator and the
+    attributes' serialized bytes alone (subgraph bodies included), so layers that repeat
+    them share one computation."""
     attr_bytes = tuple([a.SerializeToString() for a in attrs]) if len(attrs) else ()
     key = (raw_domain, op_type, op_version, attr_bytes)
     hit = _HEADS.get(key)
     if hit is not None:
         return hit
+    hit = make_head(raw_domain, op_type, attrs, op_version)
+    if sum(map(len, attr_bytes)) <= _HEAD_KEY_MAX_BYTES:
+        if len(_HEADS) >= _CACHE_MAX:
+            _HEADS.clear()
+        _HEADS[key] = hit
+    return hit
+
+
+def make_head(
+    raw_domain: str, op_type: str, attrs: Sequence[AttributeProto], op_version: int
+) -> tuple[bytes, tuple[str, ...]]:
+    """Magic, version, operator and attributes (the start of a layer's canonical form),
+    and the outer names the attributes read. Uncached: callers that key heads
+    themselves (the fast loader's head table) skip :func:`_head`'s re-serialisation."""
     domain = _norm_domain(raw_domain)
     w = _Writer()
     w.raw(LAYER_MAGIC)
@@ -513,12 +525,7 @@ def _head(
     scopes = _Scopes()
     defaults = _schema_defaults(op_type, op_version) if domain == "" and op_version > 0 else None
     _write_attributes(w, attrs, scopes, defaults)
-    hit = (w.getvalue(), tuple(scopes.outer))  # dicts keep first-reference order
-    if sum(map(len, attr_bytes)) <= _HEAD_KEY_MAX_BYTES:
-        if len(_HEADS) >= _CACHE_MAX:
-            _HEADS.clear()
-        _HEADS[key] = hit
-    return hit
+    return w.getvalue(), tuple(scopes.outer)  # dicts keep first-reference order
 
 
 def _canonical_bytes(

@@ -30,7 +30,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from dlbricks import _core
-from dlbricks.digest import _head, _layer_digest_fields, constant_role
+from dlbricks.digest import _layer_digest_fields, constant_role, make_head
 from dlbricks.model import (
     ConstInput,
     DlbricksError,
@@ -318,7 +318,7 @@ except ImportError:  # pragma: no cover - every onnx release since 1.2 has it
 _FAST_PATH = True
 # Files at least this big are memory-mapped: weight pages are then never read.
 _MMAP_MIN_BYTES = 1 << 20
-# (op type, op version, serialized attributes) -> canonical head (digest._head), kept in
+# (op type, op version, serialized attributes) -> canonical head (digest.make_head), kept in
 # C++ so that a scan finds its heads without a Python lookup per head.
 _FAST_HEADS = _core.HeadTable()
 
@@ -525,7 +525,7 @@ def _fast_prepare(
     for h, k, attr_bytes in scan.resolve_heads(buf, _FAST_HEADS, versions):
         # The attribute fields alone parse as a NodeProto with just those attributes.
         attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
-        head, outer = _head("", op_names[k], attrs, versions[k])
+        head, outer = make_head("", op_names[k], attrs, versions[k])
         if outer:
             return None
         scan.set_head(h, head, _FAST_HEADS)

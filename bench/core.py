@@ -352,6 +352,28 @@ def _onnx_timers(onnx_module, onnx_io) -> _Timers:  # noqa: ANN001
     return timers
 
 
+def _timed_analyze(cli, paths: list[str], report: str) -> tuple[int, float, str]:  # noqa: ANN001
+    """``dlbricks analyze PATHS --json -o REPORT`` in this process, its output captured:
+    (exit code, wall seconds, captured output)."""
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        t0 = time.perf_counter()
+        rc = cli.main(["analyze", *paths, "--json", "-o", report])
+        wall = time.perf_counter() - t0
+    return rc, wall, sink.getvalue()
+
+
+def _own_shares(runs: list[dict]) -> dict:
+    """Median and quartiles of each run's own share: this machine's speed can change by
+    2x between runs, and a median of totals and a median of onnx times may come from runs
+    of different speeds. Within one run both parts ran at the same speed."""
+    shares = [r["own_s"] / r["total_s"] for r in runs]
+    return {
+        "dlbricks_own_share_of_total": statistics.median(shares),
+        "dlbricks_own_share_quartiles": statistics.quantiles(shares, n=4) if len(shares) > 1 else shares * 3,
+    }
+
+
 def analyze_split(repeat: int) -> dict:
     """``dlbricks analyze`` over the nine light models of onnx's test data, timed in
     process: total wall time, and within it onnx.load (parsing), onnx shape inference and
@@ -391,21 +413,17 @@ def analyze_split(repeat: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(2 * (repeat + 1)):  # the first two runs are warmups (imports, caches)
             timers = timers_for(breakdown=i % 2 == 1)
-            sink = io.StringIO()
             try:
-                with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                    t0 = time.perf_counter()
-                    # A new report file per run, as a first analysis writes: replacing an
-                    # existing file makes ext4 flush the new one first (auto_da_alloc),
-                    # about 0.7 ms here that depends on the file's history, not on us.
-                    rc = cli.main(["analyze", *paths, "--json", "-o", os.path.join(tmp, f"a{i}.json")])
-                    wall = time.perf_counter() - t0
+                # A new report file per run, as a first analysis writes: replacing an
+                # existing file makes ext4 flush the new one first (auto_da_alloc),
+                # about 0.7 ms here that depends on the file's history, not on us.
+                rc, wall, output = _timed_analyze(cli, paths, os.path.join(tmp, f"a{i}.json"))
             except Exception as exc:  # noqa: BLE001
                 return {"skipped": f"dlbricks analyze failed: {type(exc).__name__}: {exc}"}
             finally:
                 timers.restore()
             if rc != 0:
-                return {"skipped": f"dlbricks analyze exited with {rc}: {sink.getvalue()[-300:]}"}
+                return {"skipped": f"dlbricks analyze exited with {rc}: {output[-300:]}"}
             if i >= 2:
                 (breakdowns if i % 2 else runs).append({"total_s": wall, **timers.totals})
         result = json.loads(Path(tmp, f"a{2 * repeat + 1}.json").read_text())
@@ -414,10 +432,6 @@ def analyze_split(repeat: int) -> dict:
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     breakdown = {k: statistics.median(r[k] for r in breakdowns) for k in breakdowns[0]}
     onnx_s = med["onnx_parse_s"] + med["shape_inference_s"] + med["onnx_schema_s"]
-    # The share of each run, then their median: this machine's speed can change by 2x
-    # between runs, and a median of totals and a median of onnx times may come from
-    # runs of different speeds. Within one run both parts ran at the same speed.
-    shares = [r["own_s"] / r["total_s"] for r in runs]
     return {
         "models": len(paths),
         "layers": sum(m["layers"] for m in result["models"]),
@@ -425,8 +439,7 @@ def analyze_split(repeat: int) -> dict:
         "median": med,
         "onnx_parse_and_shape_inference_s": onnx_s,
         "dlbricks_own_s": med["own_s"],
-        "dlbricks_own_share_of_total": statistics.median(shares),
-        "dlbricks_own_share_quartiles": statistics.quantiles(shares, n=4),
+        **_own_shares(runs),
         "target_own_share": 0.25,
         "breakdown_median": breakdown,
         "dlbricks_core_share_of_total": breakdown["core_s"] / breakdown["total_s"],
@@ -451,13 +464,8 @@ def oneshot_child(out_dir: str) -> None:
     from dlbricks.commands import _common, analyze  # noqa: F401
 
     import_s = time.perf_counter() - t0
-    paths = _light_paths(onnx)
     timers = _onnx_timers(onnx, onnx_io)
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        t0 = time.perf_counter()
-        rc = cli.main(["analyze", *paths, "--json", "-o", os.path.join(out_dir, "a.json")])
-        wall = time.perf_counter() - t0
+    rc, wall, _ = _timed_analyze(cli, _light_paths(onnx), os.path.join(out_dir, "a.json"))
     timers.restore()
     print(json.dumps({"rc": rc, "import_s": import_s, "total_s": wall, **timers.totals}))
 
@@ -480,12 +488,10 @@ def analyze_oneshot(repeat: int) -> dict:
             run["onnx_s"] = sum(run[k] for k in _ONNX_LABELS)
             run["own_s"] = run["total_s"] - run["onnx_s"]
             runs.append(run)
-    shares = [r["own_s"] / r["total_s"] for r in runs]
     return {
         "processes": repeat,
         "median": {k: statistics.median(r[k] for r in runs) for k in ("import_s", "total_s", "onnx_s", "own_s")},
-        "dlbricks_own_share_of_total": statistics.median(shares),
-        "dlbricks_own_share_quartiles": statistics.quantiles(shares, n=4) if len(shares) > 1 else shares * 3,
+        **_own_shares(runs),
         "runs": runs,
     }
 

@@ -202,6 +202,7 @@ def test_heads_are_made_once_per_process_and_reused_by_later_scans(monkeypatch):
         head, outer = onnx_io.make_head("", op_names[k], attrs, versions[k])
         assert not outer
         assert digest._head("", op_names[k], attrs, versions[k]) == (head, outer)  # cached == uncached
+        assert digest.make_head_from_fields(op_names[k], versions[k], attr_bytes) == head  # C++ == Python
         scan.set_head(h_id, head, table)
     assert len(table) == len(missing)
     again, _, missing_again = _scan_with_heads(buf, table)
@@ -214,6 +215,156 @@ def test_heads_are_made_once_per_process_and_reused_by_later_scans(monkeypatch):
     assert is_fast(first) and is_fast(second)
     assert np.array_equal(first.digests, second.digests)
     assert_same(second, full_load(path))
+
+
+# -- heads made in C++ ------------------------------------------------------------------
+_PLAIN = {
+    onnx.AttributeProto.FLOAT, onnx.AttributeProto.INT, onnx.AttributeProto.STRING,
+    onnx.AttributeProto.FLOATS, onnx.AttributeProto.INTS, onnx.AttributeProto.STRINGS,
+}
+
+
+def _python_head(op_type: str, version: int, fields: bytes) -> bytes:
+    attrs = onnx.NodeProto.FromString(fields).attribute
+    head, outer = digest.make_head("", op_type, attrs, version)
+    assert not outer
+    return head
+
+
+def test_heads_from_fields_equal_pythons_for_every_node_onnx_ships():
+    seen_plain = seen_other = 0
+    for path in shipped_models():
+        model = onnx.load(path)
+        opset = {d or "": v for d, v in ((o.domain, o.version) for o in model.opset_import)}
+        for node in model.graph.node:
+            version = onnx_io._since_version(node.op_type, opset.get("", 1))
+            if node.domain not in ("", "ai.onnx") or version is None:
+                continue
+            fields = onnx.NodeProto(attribute=node.attribute).SerializeToString()
+            head = digest.make_head_from_fields(node.op_type, version, fields)
+            plain = all(a.type in _PLAIN and a.name.isascii() and not a.ref_attr_name for a in node.attribute)
+            if plain:
+                seen_plain += 1
+                assert head == _python_head(node.op_type, version, fields), (path, node.op_type)
+            else:
+                seen_other += 1
+                assert head is None, (path, node.op_type)
+    assert seen_plain > 1000 and seen_other > 0  # the C++ path and the Python one both ran
+
+
+def _varint(v: int) -> bytes:
+    v &= (1 << 64) - 1
+    out = bytearray()
+    while v >= 0x80:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _wire_field(number: int, wire: int, payload: bytes) -> bytes:
+    """A protobuf field: tag, then the payload (length-prefixed for wire type 2)."""
+    if wire == 2:
+        payload = _varint(len(payload)) + payload
+    return _varint(number << 3 | wire) + payload
+
+
+_F32 = st.one_of(
+    st.floats(width=32, allow_nan=False),
+    st.sampled_from([0.0, -0.0, float("inf"), float("-inf"), 1e-45, float("nan")]),
+    st.integers(0x7F800001, 0x7FFFFFFF).map(lambda b: np.frombuffer(b.to_bytes(4, "little"), "<f4")[0].item()),
+)
+_I64 = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, 1, -1, 2**63 - 1, -(2**63)]))
+
+
+@st.composite
+def _plain_attribute(draw, names):
+    """One plain AttributeProto written by hand: fields in any order, repeated numbers
+    packed or one per field, a doc string sometimes."""
+    name = draw(names)
+    kind = draw(st.sampled_from(["f", "i", "s", "floats", "ints", "strings"]))
+    typ = {"f": 1, "i": 2, "s": 3, "floats": 6, "ints": 7, "strings": 8}[kind]
+    parts = [_wire_field(1, 2, name.encode()), _wire_field(20, 0, _varint(typ))]
+    if kind == "f":
+        parts.append(_wire_field(2, 5, np.float32(draw(_F32)).tobytes()))
+    elif kind == "i":
+        parts.append(_wire_field(3, 0, _varint(draw(_I64))))
+    elif kind == "s":
+        parts.append(_wire_field(4, 2, draw(st.binary(max_size=12))))
+    elif kind == "floats":
+        values = b"".join(np.float32(v).tobytes() for v in draw(st.lists(_F32, max_size=5)))
+        if draw(st.booleans()):
+            parts.append(_wire_field(7, 2, values))
+        else:
+            parts += [_wire_field(7, 5, values[k : k + 4]) for k in range(0, len(values), 4)]
+    elif kind == "ints":
+        values = draw(st.lists(_I64, max_size=5))
+        if draw(st.booleans()):
+            parts.append(_wire_field(8, 2, b"".join(_varint(v) for v in values)))
+        else:
+            parts += [_wire_field(8, 0, _varint(v)) for v in values]
+    else:
+        parts += [_wire_field(9, 2, v) for v in draw(st.lists(st.binary(max_size=6), max_size=4))]
+    if draw(st.booleans()):
+        parts.append(_wire_field(13, 2, b"a doc string"))
+    order = draw(st.permutations(range(len(parts))))
+    return _wire_field(5, 2, b"".join(parts[k] for k in order))
+
+
+# Ops whose schemas have defaults of each plain kind: an attribute written at its
+# default must drop out in both implementations.
+_OPS_WITH_DEFAULTS = [("LeakyRelu", 16, ["alpha"]), ("Gemm", 13, ["alpha", "beta", "transA", "transB"]),
+                      ("Conv", 11, ["auto_pad", "group", "dilations"]), ("LRN", 13, ["alpha", "beta", "bias", "size"]),
+                      ("Relu", 14, ["x"])]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_heads_from_fields_equal_pythons_on_random_plain_attributes(data):
+    op, version, known = data.draw(st.sampled_from(_OPS_WITH_DEFAULTS))
+    names = st.sampled_from(known + ["b", "a", "zz"])
+    fields = b"".join(data.draw(st.lists(_plain_attribute(names), max_size=5)))
+    # Some attributes exactly at their schema default (e.g. LeakyRelu alpha=0.01).
+    for name in list(digest._schema_defaults(op, version))[:2]:
+        if data.draw(st.booleans()):
+            attr = onnx.AttributeProto()
+            attr.CopyFrom(onnx.defs.get_schema(op, version, "").attributes[name].default_value)
+            attr.name = name
+            fields += onnx.NodeProto(attribute=[attr]).SerializeToString()
+    head = digest.make_head_from_fields(op, version, fields)
+    assert head is not None
+    assert head == _python_head(op, version, fields)
+
+
+def test_an_attribute_at_its_schema_default_drops_out_of_the_head():
+    bare = digest.make_head_from_fields("LeakyRelu", 16, b"")
+    at_default = onnx.NodeProto(attribute=[h.make_attribute("alpha", 0.01)]).SerializeToString()
+    other = onnx.NodeProto(attribute=[h.make_attribute("alpha", 0.2)]).SerializeToString()
+    assert digest.make_head_from_fields("LeakyRelu", 16, at_default) == bare == _python_head("LeakyRelu", 16, b"")
+    assert digest.make_head_from_fields("LeakyRelu", 16, other) not in (None, bare)
+
+
+@pytest.mark.parametrize(
+    "attribute",
+    [
+        h.make_attribute("value", nh.from_array(np.ones(2, np.float32))),  # a tensor
+        h.make_attribute("body", h.make_graph([], "g", [], [])),  # a graph
+        onnx.AttributeProto(name="alpha", ref_attr_name="outer_alpha", type=onnx.AttributeProto.FLOAT),
+        onnx.AttributeProto(name="alpha", f=0.5),  # type unset: Python guesses it from the fields
+        onnx.AttributeProto(name="é", type=onnx.AttributeProto.INT, i=1),  # not ASCII
+    ],
+    ids=["tensor", "graph", "reference", "untyped", "non-ascii"],
+)
+def test_heads_that_are_not_plain_are_left_to_python(attribute):
+    fields = onnx.NodeProto(attribute=[attribute]).SerializeToString()
+    assert digest.make_head_from_fields("LeakyRelu", 16, fields) is None
+
+
+def test_malformed_attribute_fields_are_left_to_pythons_parser():
+    good = onnx.NodeProto(attribute=[h.make_attribute("axis", 1)]).SerializeToString()
+    for bad in (good[:-1], good + b"\xff", _wire_field(3, 2, b"x"), _wire_field(5, 2, _wire_field(3, 2, b"x"))):
+        assert digest.make_head_from_fields("Concat", 13, bad) is None
+    assert digest.make_head_from_fields("Concat", 13, b"") == _python_head("Concat", 13, b"")
 
 
 def test_a_full_head_table_empties_itself_and_the_models_stay_right(monkeypatch):
@@ -575,15 +726,7 @@ def test_iter_load_with_input_shapes_uses_the_full_loader(tmp_path):
 
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited protobuf field."""
-    def varint(v: int) -> bytes:
-        out = bytearray()
-        while v >= 0x80:
-            out.append(v & 0x7F | 0x80)
-            v >>= 7
-        out.append(v)
-        return bytes(out)
-
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
+    return _wire_field(number, 2, payload)
 
 
 def test_a_node_with_its_fields_in_any_order_is_the_same_layer(tmp_path):

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -330,6 +331,19 @@ PYBIND11_MODULE(_core, m) {
 
     // The fast loader (see onnx_scan.hpp). WireError -> ValueError; the Python loader
     // treats either as "use the full path".
+    m.def(
+        "canonical_attributes",
+        [](py::buffer data, std::optional<std::unordered_map<std::string, std::string>> defaults) -> py::object {
+            py::buffer_info info;
+            Bytes b = view_bytes(data, info);
+            std::optional<std::string> out = canonical_attributes(b.data, b.size, defaults ? &*defaults : nullptr);
+            if (!out) return py::none();
+            return py::bytes(*out);
+        },
+        py::arg("attribute_fields"), py::arg("defaults"),
+        "The attributes part of a layer head from a node's serialized attribute fields, or None "
+        "when an attribute is not plain (Python canonicalises those).");
+
     py::register_exception<WireError>(m, "WireError", PyExc_ValueError);
     py::class_<HeadTable>(m, "HeadTable")
         .def(py::init<std::size_t, std::size_t>(), py::arg("max_entries") = 1 << 14, py::arg("max_bytes") = 64 << 20)

@@ -112,6 +112,10 @@ _Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 class WireError(ValueError): ...
 
+def canonical_attributes(attribute_fields: _Buffer, defaults: Mapping[str, bytes] | None) -> bytes | None:
+    """The attributes part of a layer head from serialized attribute fields; None when
+    an attribute is not plain (see digest.make_head_from_fields)."""
+
 class _ScanResult(TypedDict, total=False):
     fallback: str  # always present; the other keys only when it is ""
     output_types: list[tuple[int, tuple[int, ...]]]

@@ -30,7 +30,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from dlbricks import _core
-from dlbricks.digest import _layer_digest_fields, constant_role, make_head
+from dlbricks.digest import _layer_digest_fields, constant_role, make_head, make_head_from_fields
 from dlbricks.model import (
     ConstInput,
     DlbricksError,
@@ -303,7 +303,8 @@ def _load_proto(
 # symbolic batch dim). For those the C++ scanner (_core.OnnxScan, cpp/src/onnx_scan.cpp)
 # reads the file's bytes directly: no protobuf object per node, weight payloads skipped
 # by their length. Python adds only what needs onnx itself: each distinct op's schema
-# version, each distinct (op, attributes) head of the canonical form, and shape
+# version and attribute defaults, each distinct (op, attributes) head whose attributes
+# are not plain (digest.make_head_from_fields makes the others in C++), and shape
 # inference, which runs on bytes. Anything else, including every error, goes to the full
 # loader above, which the scanner never second-guesses: when it says "fallback", the
 # full loader runs from scratch. Layers, constant types and constant values of a fast
@@ -523,11 +524,13 @@ def _fast_prepare(
 
     # Canonical heads come from the process's table; only new ones are made here.
     for h, k, attr_bytes in scan.resolve_heads(buf, _FAST_HEADS, versions):
-        # The attribute fields alone parse as a NodeProto with just those attributes.
-        attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
-        head, outer = make_head("", op_names[k], attrs, versions[k])
-        if outer:
-            return None
+        head = make_head_from_fields(op_names[k], versions[k], attr_bytes)
+        if head is None:
+            # The attribute fields alone parse as a NodeProto with just those attributes.
+            attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
+            head, outer = make_head("", op_names[k], attrs, versions[k])
+            if outer:
+                return None
         scan.set_head(h, head, _FAST_HEADS)
     return _Prepared(buf, source, label, name, scan, opsets, op_names, act_inputs, shapes, dim_subst, notes,
                      scan.light_model(buf, shapes))

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -130,6 +131,17 @@ struct ScanResult {
     std::string layer_names;                   // node names of the layers, back to back
     std::vector<std::int64_t> layer_name_ends;  // layer i's is [ends[i-1], ends[i])
 };
+
+/// The attributes part of a layer head (digest.make_head's ``_write_attributes``) from a
+/// node's attribute fields as written (NodeProto field 5 entries, tags included), when
+/// every attribute is plain: an explicit type among FLOAT, INT, STRING, FLOATS, INTS
+/// and STRINGS, and an ASCII name. `defaults` (may be null) has the canonical body of
+/// each schema default by attribute name; an attribute equal to its default is left
+/// out. Returns nullopt for anything else (tensors, graphs, references, a type left
+/// unset, malformed bytes): Python canonicalises those. Cost: O(bytes + k log k) for
+/// k attributes.
+std::optional<std::string> canonical_attributes(const std::uint8_t* data, std::size_t size,
+                                                const std::unordered_map<std::string, std::string>* defaults);
 
 class OnnxScan {
 public:

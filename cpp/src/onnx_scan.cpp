@@ -799,6 +799,8 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
         inits_.reserve(n_inits);
         names_.reserve(node_bytes / 32 + n_other);
     }
+    std::int32_t last_init_id = -1, init_id_step = 1;  // initializer name prediction (below)
+    std::int32_t last_head = -1;
     Reader gr(d, graph);
     while (gr.next(f)) {
         if (f.wire != 2) continue;
@@ -861,8 +863,12 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                     key_data = key.data();
                     key_size = key.size();
                 }
-                bool inserted;
-                node.head = head_ids.intern(key_data, key_size, inserted);
+                // Runs of nodes share a head (the ConstantOfShape chains that make the
+                // weights, Conv after Conv...): the last node's is compared first.
+                bool inserted = false;
+                if (head_ids.holds(last_head, key_data, key_size)) node.head = last_head;
+                else node.head = head_ids.intern(key_data, key_size, inserted);
+                last_head = node.head;
                 if (inserted) {
                     head_node.push_back(static_cast<std::int32_t>(nodes_.size() - 1));
                     std::string op_type = text(d, op_span), domain = text(d, domain_span);
@@ -1008,7 +1014,17 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                             if (g.wire == 0) init.type.elem_type = static_cast<std::int32_t>(g.value);
                             break;
                         case tensor_f::name:
-                            if (g.wire == 2) init.name = intern(reinterpret_cast<const char*>(d + g.payload.begin), g.payload.size());
+                            if (g.wire == 2) {
+                                // Exporters list initializers in the order the nodes first read
+                                // them, so the name usually has the id the last initializer's
+                                // had plus the same step: one comparison instead of a lookup.
+                                const auto* p = reinterpret_cast<const char*>(d + g.payload.begin);
+                                const std::size_t n = g.payload.size();
+                                const std::int64_t guess = std::int64_t{last_init_id} + init_id_step;
+                                init.name = names_.holds(guess, p, n) ? static_cast<std::int32_t>(guess) : intern(p, n);
+                                if (init.name >= 0 && last_init_id >= 0) init_id_step = init.name - last_init_id;
+                                if (init.name >= 0) last_init_id = init.name;
+                            }
                             break;
                         case tensor_f::data_location:
                             if (g.wire == 0) init.external = g.value == 1;
@@ -1044,6 +1060,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
     for (const auto& t : inits_) is_init[t.name] = defined[t.name] = 1;
     std::vector<std::int32_t> graph_inputs;
     std::vector<ScanType> graph_input_types;
+    std::int32_t last_input_id = -1, input_id_step = 1;
     for (const ScanSpan& s : input_spans) {
         Reader vr(d, s);
         Field g;
@@ -1052,7 +1069,14 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
             if (g.tag == tag(vi_f::name, 2)) name_span = g.payload;
             if (g.tag == tag(vi_f::type, 2)) type_span = g.payload;
         }
-        const std::int32_t id = intern(reinterpret_cast<const char*>(d + name_span.begin), name_span.size());
+        // Older models list the initializers among the inputs too, in the nodes' order of
+        // use, as the initializers themselves (see there): the same prediction.
+        const auto* name_p = reinterpret_cast<const char*>(d + name_span.begin);
+        const std::int64_t guess = std::int64_t{last_input_id} + input_id_step;
+        const std::int32_t id = names_.holds(guess, name_p, name_span.size()) ? static_cast<std::int32_t>(guess)
+                                                                              : intern(name_p, name_span.size());
+        if (id >= 0 && last_input_id >= 0) input_id_step = id - last_input_id;
+        if (id >= 0) last_input_id = id;
         if (id < 0) { fallback = "an unnamed graph input"; return; }
         if (static_cast<std::size_t>(id) >= defined.size()) {
             defined.resize(n_names(), 0);

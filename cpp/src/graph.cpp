@@ -166,7 +166,68 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     std::vector<std::uint32_t> group_of, group_size, shared_id;
     std::vector<std::uint8_t> bytes;  // canonical form of the current sequence
 
+    // One layer with few inputs (every window at G=1, and each fallback to a single
+    // layer): no internal edges, and the inputs that share a source are found by
+    // comparing the few in-edges pairwise; the bytes are those the general form below
+    // writes.
+    constexpr std::int64_t kSmallFanIn = 8;
+    auto emit_single = [&](std::int32_t v) {
+        const std::int64_t first = adj.in_offsets[v], fan_in = adj.in_offsets[v + 1] - first;
+        const std::size_t need = 16 + 16 + 4 + 4 + 12 * static_cast<std::size_t>(fan_in);
+        if (bytes.size() < need) bytes.resize(need);
+        std::uint8_t* p = bytes.data();
+        auto put_u32 = [&p](std::uint32_t x) {
+            p[0] = static_cast<std::uint8_t>(x);
+            p[1] = static_cast<std::uint8_t>(x >> 8);
+            p[2] = static_cast<std::uint8_t>(x >> 16);
+            p[3] = static_cast<std::uint8_t>(x >> 24);
+            p += 4;
+        };
+        std::memcpy(p, "DLBSEQ\0\0", 8);
+        p += 8;
+        put_u32(kSequenceDigestVersion);
+        put_u32(1);
+        std::memcpy(p, g.digests[v].bytes.data(), 16);
+        p += 16;
+        out.members.push_back(v);
+        put_u32(0);  // no internal edges
+        std::uint8_t* count_at = p;
+        p += 4;
+        std::uint32_t n_shared_inputs = 0, next_shared = 0;
+        std::uint32_t shared[kSmallFanIn];  // shared id of edge k's source, by first edge
+        for (std::int64_t k = 0; k < fan_in; ++k) {
+            const std::int32_t e = adj.in_edges[first + k];
+            std::int64_t same = -1;  // an earlier edge from the same source and slot
+            bool later = false;      // or a later one
+            for (std::int64_t j = 0; j < fan_in; ++j) {
+                if (j == k) continue;
+                const std::int32_t o = adj.in_edges[first + j];
+                if (g.src[o] != g.src[e] || slot_of(g.src_slot, o) != slot_of(g.src_slot, e)) continue;
+                if (j < k) { same = j; break; }
+                later = true;
+            }
+            if (same < 0 && !later) continue;  // a source of its own: not written
+            const std::uint32_t id = same < 0 ? next_shared++ : shared[same];
+            shared[k] = id;
+            ++n_shared_inputs;
+            put_u32(0);
+            put_u32(static_cast<std::uint32_t>(slot_of(g.dst_slot, e)));
+            put_u32(id);
+        }
+        std::uint8_t* end = p;
+        p = count_at;
+        put_u32(n_shared_inputs);
+        const auto n_bytes = static_cast<std::size_t>(end - bytes.data());
+        if (sink != nullptr) sink->sequence(bytes.data(), n_bytes);
+        else out.digests.push_back(digest128(bytes.data(), n_bytes));
+        out.offsets.push_back(static_cast<std::int64_t>(out.members.size()));
+    };
+
     auto emit = [&](std::int64_t begin, std::int64_t size) {
+        if (size == 1) {
+            const std::int32_t v = order[begin];
+            if (adj.in_offsets[v + 1] - adj.in_offsets[v] <= kSmallFanIn) return emit_single(v);
+        }
         internal.clear();
         external.clear();
         for (std::int64_t local = 0; local < size; ++local) {

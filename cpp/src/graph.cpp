@@ -14,6 +14,15 @@ namespace {
 
 inline std::int32_t slot_of(const std::int32_t* slots, std::int64_t k) { return slots ? slots[k] : 0; }
 
+// Writes x little-endian at p (room checked by the caller); returns the end.
+inline std::uint8_t* put_le32(std::uint8_t* p, std::uint32_t x) {
+    p[0] = static_cast<std::uint8_t>(x);
+    p[1] = static_cast<std::uint8_t>(x >> 8);
+    p[2] = static_cast<std::uint8_t>(x >> 16);
+    p[3] = static_cast<std::uint8_t>(x >> 24);
+    return p + 4;
+}
+
 [[noreturn]] void throw_cycle(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& indegree) {
     // Every node left with a positive in-degree has a predecessor that is also left,
     // so walking predecessors from any of them must revisit a node: that node is on a cycle.
@@ -153,7 +162,7 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     out.offsets.push_back(0);
     WindowSets sets;
 
-    // Sequence digest canonical form v1 (docs/core.md): magic, version, member count,
+    // Sequence digest canonical form (docs/core.md; kSequenceDigestVersion): magic, version, member count,
     // member digests in window order, internal edges, then the external inputs that
     // share a source with another external input.
     struct ExternalInput {
@@ -166,6 +175,25 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     std::vector<std::uint32_t> group_of, group_size, shared_id;
     std::vector<std::uint8_t> bytes;  // canonical form of the current sequence
 
+    // The canonical bytes of one sequence are laid out in `bytes` and hashed in one call
+    // (feeding the hasher 4 bytes at a time cost more than the compression itself).
+    // begin_key sizes the buffer, writes magic, version and member count and returns
+    // where the members go; end_key fills in the shared-input count left open at
+    // `count_at` and hands the bytes [start, end) on.
+    auto begin_key = [&](std::size_t need, std::uint32_t n_members) {
+        if (bytes.size() < need) bytes.resize(need);
+        std::uint8_t* p = bytes.data();
+        std::memcpy(p, "DLBSEQ\0\0", 8);
+        return put_le32(put_le32(p + 8, kSequenceDigestVersion), n_members);
+    };
+    auto end_key = [&](std::uint8_t* count_at, std::uint32_t n_shared_inputs, const std::uint8_t* end) {
+        put_le32(count_at, n_shared_inputs);
+        const auto n_bytes = static_cast<std::size_t>(end - bytes.data());
+        if (sink != nullptr) sink->sequence(bytes.data(), n_bytes);
+        else out.digests.push_back(digest128(bytes.data(), n_bytes));
+        out.offsets.push_back(static_cast<std::int64_t>(out.members.size()));
+    };
+
     // One layer with few inputs (every window at G=1, and each fallback to a single
     // layer): no internal edges, and the inputs that share a source are found by
     // comparing the few in-edges pairwise; the bytes are those the general form below
@@ -173,24 +201,10 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     constexpr std::int64_t kSmallFanIn = 8;
     auto emit_single = [&](std::int32_t v) {
         const std::int64_t first = adj.in_offsets[v], fan_in = adj.in_offsets[v + 1] - first;
-        const std::size_t need = 16 + 16 + 4 + 4 + 12 * static_cast<std::size_t>(fan_in);
-        if (bytes.size() < need) bytes.resize(need);
-        std::uint8_t* p = bytes.data();
-        auto put_u32 = [&p](std::uint32_t x) {
-            p[0] = static_cast<std::uint8_t>(x);
-            p[1] = static_cast<std::uint8_t>(x >> 8);
-            p[2] = static_cast<std::uint8_t>(x >> 16);
-            p[3] = static_cast<std::uint8_t>(x >> 24);
-            p += 4;
-        };
-        std::memcpy(p, "DLBSEQ\0\0", 8);
-        p += 8;
-        put_u32(kSequenceDigestVersion);
-        put_u32(1);
+        std::uint8_t* p = begin_key(16 + 16 + 4 + 4 + 12 * static_cast<std::size_t>(fan_in), 1);
         std::memcpy(p, g.digests[v].bytes.data(), 16);
-        p += 16;
         out.members.push_back(v);
-        put_u32(0);  // no internal edges
+        p = put_le32(p + 16, 0);  // no internal edges
         std::uint8_t* count_at = p;
         p += 4;
         std::uint32_t n_shared_inputs = 0, next_shared = 0;
@@ -210,17 +224,9 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
             const std::uint32_t id = same < 0 ? next_shared++ : shared[same];
             shared[k] = id;
             ++n_shared_inputs;
-            put_u32(0);
-            put_u32(static_cast<std::uint32_t>(slot_of(g.dst_slot, e)));
-            put_u32(id);
+            p = put_le32(put_le32(put_le32(p, 0), static_cast<std::uint32_t>(slot_of(g.dst_slot, e))), id);
         }
-        std::uint8_t* end = p;
-        p = count_at;
-        put_u32(n_shared_inputs);
-        const auto n_bytes = static_cast<std::size_t>(end - bytes.data());
-        if (sink != nullptr) sink->sequence(bytes.data(), n_bytes);
-        else out.digests.push_back(digest128(bytes.data(), n_bytes));
-        out.offsets.push_back(static_cast<std::int64_t>(out.members.size()));
+        end_key(count_at, n_shared_inputs, p);
     };
 
     auto emit = [&](std::int64_t begin, std::int64_t size) {
@@ -247,8 +253,6 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
                 }
             }
         }
-        // The canonical bytes are laid out in one buffer and hashed in one call: feeding
-        // the hasher 4 bytes at a time cost more than the compression itself.
         groups.clear();
         group_of.clear();
         for (const ExternalInput& x : external) {
@@ -264,20 +268,10 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
         }
         group_size.assign(groups.size(), 0);
         for (std::uint32_t grp : group_of) ++group_size[grp];
-        const std::size_t need = 16 + 16 * static_cast<std::size_t>(size) + 4 + 4 * internal.size() + 4 + 12 * external.size();
-        if (bytes.size() < need) bytes.resize(need);
-        std::uint8_t* p = bytes.data();
-        auto put_u32 = [&p](std::uint32_t x) {
-            p[0] = static_cast<std::uint8_t>(x);
-            p[1] = static_cast<std::uint8_t>(x >> 8);
-            p[2] = static_cast<std::uint8_t>(x >> 16);
-            p[3] = static_cast<std::uint8_t>(x >> 24);
-            p += 4;
-        };
-        std::memcpy(p, "DLBSEQ\0\0", 8);
-        p += 8;
-        put_u32(kSequenceDigestVersion);
-        put_u32(static_cast<std::uint32_t>(size));
+        const std::size_t need =
+            16 + 16 * static_cast<std::size_t>(size) + 4 + 4 * internal.size() + 4 + 12 * external.size();
+        std::uint8_t* p = begin_key(need, static_cast<std::uint32_t>(size));
+        auto put_u32 = [&p](std::uint32_t x) { p = put_le32(p, x); };
         for (std::int64_t local = 0; local < size; ++local) {
             const std::int32_t v = order[begin + local];
             std::memcpy(p, g.digests[v].bytes.data(), 16);
@@ -299,13 +293,7 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
             put_u32(external[k].dst_slot);
             put_u32(shared_id[grp]);
         }
-        std::uint8_t* end = p;
-        p = count_at;
-        put_u32(n_shared_inputs);
-        const auto n_bytes = static_cast<std::size_t>(end - bytes.data());
-        if (sink != nullptr) sink->sequence(bytes.data(), n_bytes);
-        else out.digests.push_back(digest128(bytes.data(), n_bytes));
-        out.offsets.push_back(static_cast<std::int64_t>(out.members.size()));
+        end_key(count_at, n_shared_inputs, p);
     };
 
     auto window_connected = [&](std::int64_t begin, std::int64_t size) {

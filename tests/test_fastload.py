@@ -360,6 +360,22 @@ def test_heads_that_are_not_plain_are_left_to_python(attribute):
     assert digest.make_head_from_fields("LeakyRelu", 16, fields) is None
 
 
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_heads_from_arbitrary_bytes_never_crash_and_agree_when_made(data):
+    # Random bytes, or valid attribute fields with bytes flipped or cut: C++ either
+    # declines (None) or gives exactly what Python makes of the same bytes.
+    good = data.draw(st.lists(_plain_attribute(st.sampled_from(["alpha", "axis"])), max_size=3))
+    raw = bytearray(b"".join(good)) if good and data.draw(st.booleans()) else bytearray(data.draw(st.binary(max_size=64)))
+    for _ in range(data.draw(st.integers(0, 3))):
+        if raw:
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    raw = bytes(raw[: data.draw(st.integers(0, len(raw)))])
+    head = digest.make_head_from_fields("LeakyRelu", 16, raw)
+    if head is not None:
+        assert head == _python_head("LeakyRelu", 16, raw)
+
+
 def test_malformed_attribute_fields_are_left_to_pythons_parser():
     good = onnx.NodeProto(attribute=[h.make_attribute("axis", 1)]).SerializeToString()
     for bad in (good[:-1], good + b"\xff", _wire_field(3, 2, b"x"), _wire_field(5, 2, _wire_field(3, 2, b"x"))):

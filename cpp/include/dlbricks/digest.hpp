@@ -39,28 +39,44 @@ struct Digest128Hash {
 };
 
 /// A fast non-cryptographic 64-bit hash of a byte string, for hash tables that compare
-/// the keys themselves on a match (never for identity). Multiply-xorshift over 8-byte
-/// words (the tail as one zero-padded word; the length is in the seed), then a final
-/// mix so that both the low bits (the slot) and the high bits (a check) depend on every
-/// byte. Cost: O(size).
+/// the keys themselves on a match (never for identity, never stored). Two
+/// multiply-xorshift lanes over alternate 8-byte words, so that the two multiply chains
+/// overlap (sequence keys are ~70 bytes: one chain was a latency-bound loop); the last
+/// partial word is read as the string's last 8 bytes when there are 8 (the length is in
+/// the seed), else byte by byte. A final mix makes both the low bits (the slot) and the
+/// high bits (a check) depend on every byte. Cost: O(size).
 inline std::uint64_t bytes_hash(const void* data, std::size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
-    constexpr std::uint64_t kMul = 0x9e3779b97f4a7c15ull;
-    std::uint64_t h = 0x243f6a8885a308d3ull ^ (n * kMul);
-    std::size_t k = 0;
-    for (; k + 8 <= n; k += 8) {
+    constexpr std::uint64_t kMulA = 0x9e3779b97f4a7c15ull, kMulB = 0xc2b2ae3d27d4eb4full;
+    std::uint64_t a = 0x243f6a8885a308d3ull ^ (n * kMulA), b = 0x13198a2e03707344ull;
+    auto word = [p](std::size_t at) {
         std::uint64_t w;
-        std::memcpy(&w, p + k, 8);
-        h = (h ^ w) * kMul;
-        h ^= h >> 32;
+        std::memcpy(&w, p + at, 8);
+        return w;
+    };
+    std::size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        a = (a ^ word(k)) * kMulA;
+        b = (b ^ word(k + 8)) * kMulB;
+        a ^= a >> 32;
+        b ^= b >> 29;
+    }
+    if (k + 8 <= n) {
+        a = (a ^ word(k)) * kMulA;
+        a ^= a >> 32;
+        k += 8;
     }
     if (k < n) {
         std::uint64_t w = 0;
-        for (unsigned shift = 0; k < n; ++k, shift += 8) w |= static_cast<std::uint64_t>(p[k]) << shift;
-        h = (h ^ w) * kMul;
-        h ^= h >> 32;
+        if (n >= 8) {
+            w = word(n - 8) >> (8 * (8 - (n - k)));  // the remaining n - k bytes
+        } else {
+            for (unsigned shift = 0; k < n; ++k, shift += 8) w |= static_cast<std::uint64_t>(p[k]) << shift;
+        }
+        b = (b ^ w) * kMulB;
+        b ^= b >> 29;
     }
-    h *= 0xff51afd7ed558ccdull;
+    std::uint64_t h = (a ^ (b * kMulA)) * 0xff51afd7ed558ccdull;
     return h ^ (h >> 33);
 }
 

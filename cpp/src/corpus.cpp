@@ -11,12 +11,12 @@
 namespace dlbricks {
 namespace {
 
-// Doubles an open-addressing table (1024 slots to start) whose slots mark empty with
-// id < 0, re-placing every used slot by linear probing from hash_of(slot).
+// Doubles an open-addressing table (`first` slots to start) whose slots mark empty
+// with id < 0, re-placing every used slot by linear probing from hash_of(slot).
 template <class Slot, class HashOf>
-void grow_table(std::vector<Slot>& slots, std::size_t& mask, HashOf hash_of) {
+void grow_table(std::vector<Slot>& slots, std::size_t& mask, HashOf hash_of, std::size_t first = 1024) {
     std::vector<Slot> old = std::move(slots);
-    slots.assign(old.empty() ? 1024 : 2 * old.size(), Slot{});
+    slots.assign(old.empty() ? first : 2 * old.size(), Slot{});
     mask = slots.size() - 1;
     for (const Slot& s : old)
         if (s.id >= 0) {
@@ -72,28 +72,32 @@ private:
     std::size_t count_ = 0;
 };
 
-// Unique sequences keyed by their canonical bytes (the input of the sequence digest):
-// equal bytes mean an equal digest, so BLAKE2b runs once per unique sequence instead of
-// once per sequence (on the architecture-search corpus of bench/core.py, four in five
-// sequences repeat). Keys live back to back in one arena; the table is open addressing
-// over slots that hold the full hash and where the key lies, so a mismatch costs no
-// key read.
+// Unique sequences keyed by their compact form (see split_sequences): equal forms mean
+// an equal digest, so BLAKE2b runs once per unique sequence instead of once per
+// sequence (on the architecture-search corpus of bench/core.py, four in five sequences
+// repeat). The table is open addressing over 32-byte slots that hold a 32-bit check of
+// the hash and the key itself when it is short (a sequence of up to three layers with
+// ids below 128, the common case, takes ~15 bytes), so a lookup reads one slot and
+// nothing else; longer keys live back to back in an arena.
 class SequenceIndex {
 public:
+    static constexpr std::size_t kInline = 16;  // keys up to this size live in their slot
     struct Slot {
-        std::uint64_t hash = 0;
+        std::uint32_t check = 0;  // the hash's high half
         std::int32_t id = -1;
         std::int32_t last_model = -1;  // as DigestIndex::Slot
-        std::uint64_t at = 0;          // the key is arena_[at, at + size)
-        std::uint64_t size = 0;
+        std::uint32_t size = 0;
+        union {
+            std::uint8_t key[kInline] = {};
+            std::uint64_t at;  // a longer key is arena_[at, at + size)
+        };
     };
 
-    /// The keys in id order, back to back (slot.at is where each begins); the index is
-    /// empty afterwards.
-    std::vector<std::uint8_t> take_keys() {
-        slots_.clear();
+    /// Frees the table and the keys; the index is empty afterwards.
+    void release() {
+        slots_ = {};
+        arena_ = {};
         mask_ = count_ = 0;
-        return std::move(arena_);
     }
 
     /// Room for n more keys without growing (so prefetched slots stay where they are).
@@ -101,31 +105,32 @@ public:
         while (2 * (count_ + n) > slots_.size()) grow();
     }
     void prefetch(std::uint64_t hash) const { __builtin_prefetch(&slots_[hash & mask_]); }
-    /// Starts loading the key of the slot at hash's home position if it may match.
-    void prefetch_key(std::uint64_t hash, std::size_t n) const {
-        const Slot& s = slots_[hash & mask_];
-        if (s.id >= 0 && s.hash == hash && s.size == n) {
-            __builtin_prefetch(arena_.data() + s.at);
-            __builtin_prefetch(arena_.data() + s.at + n - 1);
-        }
-    }
 
     /// The slot of the key (whose bytes_hash is `hash`), inserting it with id `next` (=
-    /// the number of keys so far) when absent. Precondition: reserve() made room.
-    /// The reference is valid until the next call.
+    /// the number of keys so far) when absent. Precondition: reserve() made room, and
+    /// n < 2^32. The reference is valid until the next call.
     Slot& find_or_insert(std::uint64_t hash, const std::uint8_t* key, std::size_t n, std::int32_t next,
                          bool& inserted) {
+        const auto check = static_cast<std::uint32_t>(hash >> 32);
         std::size_t i = hash & mask_;
         while (true) {
             Slot& s = slots_[i];
             if (s.id < 0) {
-                s = Slot{hash, next, -1, arena_.size(), n};
+                s.check = check;
+                s.id = next;
+                s.last_model = -1;
+                s.size = static_cast<std::uint32_t>(n);
+                if (n <= kInline) {
+                    std::memcpy(s.key, key, n);
+                } else {
+                    s.at = arena_.size();
+                    arena_.insert(arena_.end(), key, key + n);
+                }
                 ++count_;
-                arena_.insert(arena_.end(), key, key + n);
                 inserted = true;
                 return s;
             }
-            if (s.hash == hash && s.size == n && std::memcmp(arena_.data() + s.at, key, n) == 0) {
+            if (s.check == check && s.size == n && std::memcmp(key_of(s), key, n) == 0) {
                 inserted = false;
                 return s;
             }
@@ -134,8 +139,10 @@ public:
     }
 
 private:
+    const std::uint8_t* key_of(const Slot& s) const { return s.size <= kInline ? s.key : arena_.data() + s.at; }
     void grow() {
-        grow_table(slots_, mask_, [](const Slot& s) { return s.hash; });
+        // Slots keep only a check of the hash: it is computed again from the key.
+        grow_table(slots_, mask_, [this](const Slot& s) { return bytes_hash(key_of(s), s.size); });
     }
     std::vector<Slot> slots_;
     std::size_t mask_ = 0;
@@ -147,18 +154,26 @@ private:
 // one pass. Two passes so that the table slots, prefetched while the split runs, are
 // in cache by the time they are read: at 10^6 layers the table is megabytes and a
 // lookup right after hashing waited for memory every time.
+//
+// Sequences arrive in their compact form (members as unique-layer ids, see
+// split_sequences): the index compares and keeps those, less than half the canonical
+// bytes, so a repeated sequence (most are) costs one cache line of key instead of two.
+// A new sequence's canonical bytes are written out from its compact form, for its
+// digest or for unique_seq_keys.
 class CorpusSequences final : public SequenceSink {
 public:
-    CorpusSequences(CorpusResult& r, bool digests) : r_(r), digests_(digests) {
+    CorpusSequences(CorpusResult& r, bool digests, const std::vector<Digest128>& digest_of_id)
+        : r_(r), digests_(digests), digest_of_id_(digest_of_id) {
         if (!digests_) r_.unique_seq_key_offsets.push_back(0);
     }
 
-    /// Starts model `model`, which has at most `max_sequences` sequences.
-    void begin(std::int32_t model, std::int64_t max_sequences) {
+    /// Starts model `model`, which has at most `sequences` sequences: the table makes
+    /// room for them first, so that the slots prefetched while they arrive stay put.
+    void begin(std::int32_t model, std::int64_t sequences) {
         model_ = model;
         pending_.clear();
         bytes_.clear();
-        index_.reserve(static_cast<std::size_t>(max_sequences));
+        index_.reserve(static_cast<std::size_t>(sequences));
     }
 
     void sequence(const std::uint8_t* bytes, std::size_t size) override {
@@ -170,7 +185,6 @@ public:
 
     /// Dedups the model's sequences, appending their ids to seq_ids.
     void end() {
-        for (const Pending& p : pending_) index_.prefetch_key(p.hash, p.size);
         for (const Pending& p : pending_) {
             const std::uint8_t* key = bytes_.data() + p.at;
             bool inserted;
@@ -178,10 +192,20 @@ public:
             const std::int32_t id = slot.id;
             if (inserted) {
                 ++n_seqs_;
-                if (digests_)
-                    r_.unique_seq_digests.push_back(digest128(key, p.size));
-                else  // the key went to the end of the index's arena
-                    r_.unique_seq_key_offsets.push_back(static_cast<std::int64_t>(slot.at + p.size));
+                // Room for the canonical form (at most 16 + 16 bytes per compact byte),
+                // grown geometrically: keys_ is cut to what was written in done().
+                const std::size_t bound = 16 + 16 * p.size;
+                std::vector<std::uint8_t>& out = digests_ ? scratch_ : r_.unique_seq_keys;
+                const std::size_t at = digests_ ? 0 : keys_used_;
+                if (out.size() < at + bound) out.resize(std::max(2 * out.size(), at + bound));
+                const std::uint8_t* end = expand_sequence_key(key, digest_of_id_.data(), out.data() + at);
+                const auto n = static_cast<std::size_t>(end - (out.data() + at));
+                if (digests_) {
+                    r_.unique_seq_digests.push_back(digest128(out.data(), n));
+                } else {
+                    keys_used_ += n;
+                    r_.unique_seq_key_offsets.push_back(static_cast<std::int64_t>(keys_used_));
+                }
                 r_.unique_seq_first.push_back(static_cast<std::int64_t>(r_.seq_ids.size()));
             }
             if (slot.last_model != model_) {
@@ -192,9 +216,10 @@ public:
         }
     }
 
-    /// After the last model: hands the unique keys over (without digests).
+    /// After the last model: frees the index (the canonical keys are already out).
     void done() {
-        if (!digests_) r_.unique_seq_keys = index_.take_keys();
+        index_.release();
+        if (!digests_) r_.unique_seq_keys.resize(keys_used_);
     }
 
 private:
@@ -204,6 +229,9 @@ private:
     };
     CorpusResult& r_;
     const bool digests_;
+    const std::vector<Digest128>& digest_of_id_;  // grows as the corpus' layers are found
+    std::vector<std::uint8_t> scratch_;             // one canonical key, for its digest
+    std::size_t keys_used_ = 0;                     // bytes of unique_seq_keys written
     SequenceIndex index_;
     std::vector<Pending> pending_;
     std::vector<std::uint8_t> bytes_;
@@ -233,6 +261,7 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<in
     layers.layer_ids.resize(static_cast<std::size_t>(total_nodes));
     layers.model_unique_layers.assign(static_cast<std::size_t>(c.n_models), 0);
     layers.layer_repeats.assign(static_cast<std::size_t>(total_nodes), 0);
+    std::vector<Digest128> unique_layer_digest;  // by unique-layer id
     std::vector<std::unique_ptr<CorpusSequences>> sequences;
     for (CorpusResult& r : results) {
         r.seq_model_offsets.reserve(static_cast<std::size_t>(c.n_models + 1));
@@ -240,7 +269,7 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<in
         r.seq_offsets.push_back(0);
         r.seq_members.reserve(static_cast<std::size_t>(total_nodes));
         r.model_unique_seqs.assign(static_cast<std::size_t>(c.n_models), 0);
-        sequences.push_back(std::make_unique<CorpusSequences>(r, digests));
+        sequences.push_back(std::make_unique<CorpusSequences>(r, digests, unique_layer_digest));
     }
 
     // Ids are handed out in first-appearance order; the maps are only lookups, so their
@@ -267,6 +296,7 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<in
             if (inserted) {
                 ++n_layers;
                 layers.unique_layer_first.push_back(node_base + v);
+                unique_layer_digest.push_back(g.digests[v]);
             }
             if (slot.last_model == i) {
                 layers.layer_repeats[node_base + v] = 1;
@@ -287,8 +317,9 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<in
         }
         for (std::size_t k = 0; k < Gs.size(); ++k) {
             CorpusResult& r = results[k];
-            sequences[k]->begin(static_cast<std::int32_t>(i), g.n_nodes);
-            const Split split = split_sequences(g, adj, order, Gs[k], sequences[k].get());
+            sequences[k]->begin(static_cast<std::int32_t>(i), g.n_nodes);  // at most one per layer
+            const Split split =
+                split_sequences(g, adj, order, Gs[k], sequences[k].get(), layers.layer_ids.data() + node_base);
             sequences[k]->end();
             const std::int64_t member_base = static_cast<std::int64_t>(r.seq_members.size());
             r.seq_members.insert(r.seq_members.end(), split.members.begin(), split.members.end());

@@ -23,6 +23,25 @@ inline std::uint8_t* put_le32(std::uint8_t* p, std::uint32_t x) {
     return p + 4;
 }
 
+// Writes x as a LEB128 varint (1 to 5 bytes) at p; returns the end.
+inline std::uint8_t* put_varint32(std::uint8_t* p, std::uint32_t x) {
+    while (x >= 0x80) {
+        *p++ = static_cast<std::uint8_t>(x | 0x80);
+        x >>= 7;
+    }
+    *p++ = static_cast<std::uint8_t>(x);
+    return p;
+}
+
+inline std::uint32_t get_varint32(const std::uint8_t*& p) {
+    std::uint32_t x = 0;
+    for (unsigned shift = 0;; shift += 7) {
+        const std::uint8_t b = *p++;
+        x |= static_cast<std::uint32_t>(b & 0x7f) << shift;
+        if (b < 0x80) return x;
+    }
+}
+
 [[noreturn]] void throw_cycle(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& indegree) {
     // Every node left with a positive in-degree has a predecessor that is also left,
     // so walking predecessors from any of them must revisit a node: that node is on a cycle.
@@ -148,8 +167,23 @@ Split split_sequences(const GraphView& g, int G) {
     return split_sequences(g, adj, topo_order(g, adj), G);
 }
 
+std::uint8_t* expand_sequence_key(const std::uint8_t* key, const Digest128* digest_of_id, std::uint8_t* out) {
+    const std::uint8_t* q = key;
+    const std::uint32_t n_members = get_varint32(q);
+    std::memcpy(out, "DLBSEQ\0\0", 8);
+    std::uint8_t* p = put_le32(put_le32(out + 8, kSequenceDigestVersion), n_members);
+    for (std::uint32_t k = 0; k < n_members; ++k, p += 16) std::memcpy(p, digest_of_id[get_varint32(q)].bytes.data(), 16);
+    const std::uint32_t n_internal = get_varint32(q);
+    p = put_le32(p, n_internal);
+    for (std::uint32_t k = 0; k < 4 * n_internal; ++k) p = put_le32(p, get_varint32(q));
+    const std::uint32_t n_shared = get_varint32(q);
+    p = put_le32(p, n_shared);
+    for (std::uint32_t k = 0; k < 3 * n_shared; ++k) p = put_le32(p, get_varint32(q));
+    return p;
+}
+
 Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& order, int G,
-                      SequenceSink* sink) {
+                      SequenceSink* sink, const std::int32_t* member_ids) {
     if (G < 1) throw std::invalid_argument("G must be at least 1, got " + std::to_string(G));
     if (g.n_nodes > 0 && g.digests == nullptr) throw std::invalid_argument("layer digests are required to split");
     const std::int64_t n = g.n_nodes;
@@ -178,16 +212,43 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     // The canonical bytes of one sequence are laid out in `bytes` and hashed in one call
     // (feeding the hasher 4 bytes at a time cost more than the compression itself).
     // begin_key sizes the buffer, writes magic, version and member count and returns
-    // where the members go; end_key fills in the shared-input count left open at
-    // `count_at` and hands the bytes [start, end) on.
+    // where the members go; open_count leaves room for the shared-input count, which
+    // end_key fills in before it hands the bytes [start, end) on.
+    const bool compact = sink != nullptr && member_ids != nullptr;
+    // A word of the form: fixed-width, or a varint in the compact form.
+    auto put_word = [compact](std::uint8_t* p, std::uint32_t x) { return compact ? put_varint32(p, x) : put_le32(p, x); };
     auto begin_key = [&](std::size_t need, std::uint32_t n_members) {
+        need += need / 4 + 16;  // room for varints (5 bytes per 4-byte word at most)
         if (bytes.size() < need) bytes.resize(need);
         std::uint8_t* p = bytes.data();
-        std::memcpy(p, "DLBSEQ\0\0", 8);
-        return put_le32(put_le32(p + 8, kSequenceDigestVersion), n_members);
+        if (!compact) {
+            std::memcpy(p, "DLBSEQ\0\0", 8);
+            p = put_le32(p + 8, kSequenceDigestVersion);
+        }
+        return put_word(p, n_members);
     };
-    auto end_key = [&](std::uint8_t* count_at, std::uint32_t n_shared_inputs, const std::uint8_t* end) {
-        put_le32(count_at, n_shared_inputs);
+    // A member: its digest, or its id in the compact form.
+    auto put_member = [&](std::uint8_t* p, std::int32_t v) {
+        out.members.push_back(v);
+        if (compact) return put_varint32(p, static_cast<std::uint32_t>(member_ids[v]));
+        std::memcpy(p, g.digests[v].bytes.data(), 16);
+        return p + 16;
+    };
+    // The count's room: 4 bytes, or 1 in the compact form (a varint; end_key shifts the
+    // entries in the rare case of 128 shared inputs or more; begin_key's slack covers it).
+    auto open_count = [compact](std::uint8_t* p) { return p + (compact ? 1 : 4); };
+    auto end_key = [&](std::uint8_t* count_at, std::uint32_t n_shared_inputs, std::uint8_t* end) {
+        if (!compact) {
+            put_le32(count_at, n_shared_inputs);
+        } else if (n_shared_inputs < 0x80) {
+            *count_at = static_cast<std::uint8_t>(n_shared_inputs);
+        } else {
+            std::uint8_t count[5];
+            const auto len = static_cast<std::size_t>(put_varint32(count, n_shared_inputs) - count);
+            std::memmove(count_at + len, count_at + 1, static_cast<std::size_t>(end - (count_at + 1)));
+            std::memcpy(count_at, count, len);
+            end += len - 1;
+        }
         const auto n_bytes = static_cast<std::size_t>(end - bytes.data());
         if (sink != nullptr) sink->sequence(bytes.data(), n_bytes);
         else out.digests.push_back(digest128(bytes.data(), n_bytes));
@@ -202,11 +263,9 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     auto emit_single = [&](std::int32_t v) {
         const std::int64_t first = adj.in_offsets[v], fan_in = adj.in_offsets[v + 1] - first;
         std::uint8_t* p = begin_key(16 + 16 + 4 + 4 + 12 * static_cast<std::size_t>(fan_in), 1);
-        std::memcpy(p, g.digests[v].bytes.data(), 16);
-        out.members.push_back(v);
-        p = put_le32(p + 16, 0);  // no internal edges
+        p = put_word(put_member(p, v), 0);  // no internal edges
         std::uint8_t* count_at = p;
-        p += 4;
+        p = open_count(p);
         std::uint32_t n_shared_inputs = 0, next_shared = 0;
         std::uint32_t shared[kSmallFanIn];  // shared id of edge k's source, by first edge
         for (std::int64_t k = 0; k < fan_in; ++k) {
@@ -224,7 +283,7 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
             const std::uint32_t id = same < 0 ? next_shared++ : shared[same];
             shared[k] = id;
             ++n_shared_inputs;
-            p = put_le32(put_le32(put_le32(p, 0), static_cast<std::uint32_t>(slot_of(g.dst_slot, e))), id);
+            p = put_word(put_word(put_word(p, 0), static_cast<std::uint32_t>(slot_of(g.dst_slot, e))), id);
         }
         end_key(count_at, n_shared_inputs, p);
     };
@@ -271,17 +330,12 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
         const std::size_t need =
             16 + 16 * static_cast<std::size_t>(size) + 4 + 4 * internal.size() + 4 + 12 * external.size();
         std::uint8_t* p = begin_key(need, static_cast<std::uint32_t>(size));
-        auto put_u32 = [&p](std::uint32_t x) { p = put_le32(p, x); };
-        for (std::int64_t local = 0; local < size; ++local) {
-            const std::int32_t v = order[begin + local];
-            std::memcpy(p, g.digests[v].bytes.data(), 16);
-            p += 16;
-            out.members.push_back(v);
-        }
+        auto put_u32 = [&](std::uint32_t x) { p = put_word(p, x); };
+        for (std::int64_t local = 0; local < size; ++local) p = put_member(p, order[begin + local]);
         put_u32(static_cast<std::uint32_t>(internal.size() / 4));
         for (std::uint32_t w : internal) put_u32(w);
         std::uint8_t* count_at = p;
-        p += 4;
+        p = open_count(p);
         shared_id.assign(groups.size(), UINT32_MAX);
         std::uint32_t n_shared_inputs = 0, next_shared = 0;
         for (std::size_t k = 0; k < external.size(); ++k) {

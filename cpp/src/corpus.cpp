@@ -97,6 +97,7 @@ public:
     void release() {
         slots_ = {};
         arena_ = {};
+        hash_of_id_ = {};
         mask_ = count_ = 0;
     }
 
@@ -126,6 +127,7 @@ public:
                     s.at = arena_.size();
                     arena_.insert(arena_.end(), key, key + n);
                 }
+                hash_of_id_.push_back(hash);  // ids are 0, 1, 2... in insertion order
                 ++count_;
                 inserted = true;
                 return s;
@@ -141,9 +143,10 @@ public:
 private:
     const std::uint8_t* key_of(const Slot& s) const { return s.size <= kInline ? s.key : arena_.data() + s.at; }
     void grow() {
-        // Slots keep only a check of the hash: it is computed again from the key.
-        grow_table(slots_, mask_, [this](const Slot& s) { return bytes_hash(key_of(s), s.size); });
+        // Slots keep only a check of the hash; the full hashes are kept by id.
+        grow_table(slots_, mask_, [this](const Slot& s) { return hash_of_id_[static_cast<std::size_t>(s.id)]; });
     }
+    std::vector<std::uint64_t> hash_of_id_;
     std::vector<Slot> slots_;
     std::size_t mask_ = 0;
     std::size_t count_ = 0;

@@ -557,6 +557,38 @@ def test_unique_ids_name_distinct_digests_in_first_appearance_order(graphs: list
     assert corpus.layer_ids.tolist() == [first_layers.index(d) for d in layers]
 
 
+def test_expanding_compact_keys_checks_its_input() -> None:
+    digests = np.zeros((2, 16), np.uint8)
+    one = np.array([1, 0, 0, 0], np.uint8)  # one member (id 0), no edges, no shared inputs
+    keys, offsets = _core.expand_sequence_keys(one, np.array([0, 4]), digests)
+    assert offsets.tolist() == [0, len(keys)] and bytes(keys[:8]) == b"DLBSEQ\0\0"
+    for bad, what in (
+        (np.array([1, 5, 0, 0], np.uint8), "names layer id 5 of 2"),
+        (np.array([1, 0, 0], np.uint8), "malformed sequence key 0"),  # cut short
+        (np.array([1, 0, 0, 0, 7], np.uint8), "malformed sequence key 0"),  # trailing byte
+        (np.array([1, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF], np.uint8), "malformed sequence key 0"),  # varint too long
+    ):
+        with pytest.raises(ValueError, match=what):
+            _core.expand_sequence_keys(bad, np.array([0, len(bad)]), digests)
+    with pytest.raises(ValueError, match="offsets must end at len"):
+        _core.expand_sequence_keys(one, np.array([0, 3]), digests)
+    with pytest.raises(ValueError, match="decrease"):
+        _core.expand_sequence_keys(one, np.array([0, 4, 2, 4]), digests)
+    with pytest.raises(ValueError, match="shape"):
+        _core.expand_sequence_keys(one, np.array([0, 4]), np.zeros((2, 8), np.uint8))
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.binary(max_size=40), st.lists(st.integers(0, 40), max_size=4))
+def test_expanding_arbitrary_bytes_never_crashes(data: bytes, cuts: list[int]) -> None:
+    offsets = sorted({0, len(data), *(min(c, len(data)) for c in cuts)})
+    try:
+        keys, out = _core.expand_sequence_keys(np.frombuffer(data, np.uint8), np.array(offsets), np.zeros((3, 16), np.uint8))
+    except ValueError:
+        return
+    assert len(out) == len(offsets) and out[-1] == len(keys)
+
+
 @SETTINGS
 @given(corpora, st.lists(st.integers(1, 5), min_size=1, max_size=3))
 def test_sequence_keys_hash_to_the_digests_the_core_computes(graphs: list[Graph], Gs: list[int]) -> None:
@@ -568,7 +600,7 @@ def test_sequence_keys_hash_to_the_digests_the_core_computes(graphs: list[Graph]
             corpus._src_slot, corpus._dst_slot)
     with_digests = _core.dedup_corpus_many(*args, Gs=Gs)
     for G, sp, direct in zip(Gs, corpus.splits(Gs), with_digests):
-        assert "unique_seq_keys" not in direct
+        assert "unique_seq_compact" not in direct
         offsets = sp.unique_key_offsets.tolist()
         keys = [bytes(sp.unique_keys[a:b]) for a, b in zip(offsets, offsets[1:])]
         assert len(set(keys)) == len(keys) == sp.n_unique

@@ -143,11 +143,11 @@ void add_sequences(py::dict& out, CorpusResult& r) {
     out["seq_offsets"] = to_numpy(std::move(r.seq_offsets));
     out["seq_members"] = to_numpy(std::move(r.seq_members));
     out["seq_ids"] = to_numpy(std::move(r.seq_ids));
-    if (r.unique_seq_key_offsets.empty()) {
+    if (r.unique_seq_compact_offsets.empty()) {
         out["unique_seq_digests"] = digests_to_numpy(std::move(r.unique_seq_digests));
     } else {
-        out["unique_seq_keys"] = to_numpy(std::move(r.unique_seq_keys));
-        out["unique_seq_key_offsets"] = to_numpy(std::move(r.unique_seq_key_offsets));
+        out["unique_seq_compact"] = to_numpy(std::move(r.unique_seq_compact));
+        out["unique_seq_compact_offsets"] = to_numpy(std::move(r.unique_seq_compact_offsets));
     }
     out["unique_seq_first"] = to_numpy(std::move(r.unique_seq_first));
     out["model_unique_seqs"] = to_numpy(std::move(r.model_unique_seqs));
@@ -294,7 +294,27 @@ PYBIND11_MODULE(_core, m) {
             return digests_to_numpy(std::move(out));
         },
         py::arg("keys"), py::arg("key_offsets"),
-        "Sequence digests of canonical keys (dedup_corpus(..., sequence_digests=False) returns them).");
+        "Sequence digests of canonical keys (expand_sequence_keys makes them).");
+
+    m.def(
+        "expand_sequence_keys",
+        [](Array<std::uint8_t> compact, Array<std::int64_t> offsets, Array<std::uint8_t> layer_digests) {
+            require_1d(compact, "compact");
+            require_1d(offsets, "offsets");
+            if (offsets.shape(0) < 1) throw std::invalid_argument("offsets needs at least one entry");
+            const std::int64_t n = offsets.shape(0) - 1;
+            if (offsets.data()[n] != compact.shape(0)) throw std::invalid_argument("offsets must end at len(compact)");
+            const Digest128* layers = digest_rows(layer_digests, "layer_digests");
+            std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> out;
+            {
+                py::gil_scoped_release release;
+                out = expand_sequence_keys(compact.data(), offsets.data(), n, layers, layer_digests.shape(0));
+            }
+            return py::make_tuple(to_numpy(std::move(out.first)), to_numpy(std::move(out.second)));
+        },
+        py::arg("compact"), py::arg("offsets"), py::arg("layer_digests"),
+        "Canonical keys (digest inputs) and their offsets from the compact forms that "
+        "dedup_corpus(..., sequence_digests=False) returns; layer_digests: the corpus' unique layers.");
 
     m.def(
         "repeated_kinds",

@@ -162,12 +162,12 @@ private:
 // split_sequences): the index compares and keeps those, less than half the canonical
 // bytes, so a repeated sequence (most are) costs one cache line of key instead of two.
 // A new sequence's canonical bytes are written out from its compact form, for its
-// digest or for unique_seq_keys.
+// digest; without digests the compact forms of the unique sequences are the result.
 class CorpusSequences final : public SequenceSink {
 public:
     CorpusSequences(CorpusResult& r, bool digests, const std::vector<Digest128>& digest_of_id)
         : r_(r), digests_(digests), digest_of_id_(digest_of_id) {
-        if (!digests_) r_.unique_seq_key_offsets.push_back(0);
+        if (!digests_) r_.unique_seq_compact_offsets.push_back(0);
     }
 
     /// Starts model `model`, which has at most `sequences` sequences: the table makes
@@ -195,19 +195,16 @@ public:
             const std::int32_t id = slot.id;
             if (inserted) {
                 ++n_seqs_;
-                // Room for the canonical form (at most 16 + 16 bytes per compact byte),
-                // grown geometrically: keys_ is cut to what was written in done().
-                const std::size_t bound = 16 + 16 * p.size;
-                std::vector<std::uint8_t>& out = digests_ ? scratch_ : r_.unique_seq_keys;
-                const std::size_t at = digests_ ? 0 : keys_used_;
-                if (out.size() < at + bound) out.resize(std::max(2 * out.size(), at + bound));
-                const std::uint8_t* end = expand_sequence_key(key, digest_of_id_.data(), out.data() + at);
-                const auto n = static_cast<std::size_t>(end - (out.data() + at));
                 if (digests_) {
-                    r_.unique_seq_digests.push_back(digest128(out.data(), n));
+                    // Room for the canonical form: at most 16 + 16 bytes per compact byte.
+                    const std::size_t bound = 16 + 16 * p.size;
+                    if (scratch_.size() < bound) scratch_.resize(bound);
+                    const std::uint8_t* end = expand_sequence_key(key, digest_of_id_.data(), scratch_.data());
+                    r_.unique_seq_digests.push_back(
+                        digest128(scratch_.data(), static_cast<std::size_t>(end - scratch_.data())));
                 } else {
-                    keys_used_ += n;
-                    r_.unique_seq_key_offsets.push_back(static_cast<std::int64_t>(keys_used_));
+                    r_.unique_seq_compact.insert(r_.unique_seq_compact.end(), key, key + p.size);
+                    r_.unique_seq_compact_offsets.push_back(static_cast<std::int64_t>(r_.unique_seq_compact.size()));
                 }
                 r_.unique_seq_first.push_back(static_cast<std::int64_t>(r_.seq_ids.size()));
             }
@@ -220,10 +217,7 @@ public:
     }
 
     /// After the last model: frees the index (the canonical keys are already out).
-    void done() {
-        index_.release();
-        if (!digests_) r_.unique_seq_keys.resize(keys_used_);
-    }
+    void done() { index_.release(); }
 
 private:
     struct Pending {
@@ -234,7 +228,6 @@ private:
     const bool digests_;
     const std::vector<Digest128>& digest_of_id_;  // grows as the corpus' layers are found
     std::vector<std::uint8_t> scratch_;             // one canonical key, for its digest
-    std::size_t keys_used_ = 0;                     // bytes of unique_seq_keys written
     SequenceIndex index_;
     std::vector<Pending> pending_;
     std::vector<std::uint8_t> bytes_;
@@ -337,6 +330,57 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& c, const std::vector<in
 
 CorpusResult dedup_corpus(const CorpusView& c, int G, bool digests) {
     return std::move(dedup_corpus(c, std::vector<int>{G}, digests)[0]);
+}
+
+std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_keys(
+    const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t n, const Digest128* layer_digests,
+    std::int64_t n_layers) {
+    if (n < 0) throw std::invalid_argument("key count must be >= 0");
+    if (offsets[0] != 0) throw std::invalid_argument("key offsets must start at 0");
+    for (std::int64_t u = 0; u < n; ++u)
+        if (offsets[u + 1] < offsets[u]) throw std::invalid_argument("key offsets decrease at " + std::to_string(u));
+    std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> out;
+    auto& [keys, key_offsets] = out;
+    key_offsets.reserve(static_cast<std::size_t>(n) + 1);
+    key_offsets.push_back(0);
+    for (std::int64_t u = 0; u < n; ++u) {
+        // Checked here, as the arrays may come from anywhere: every read stays inside
+        // the form, every id names a layer, and the form ends where its offset says.
+        const std::uint8_t* q = compact + offsets[u];
+        const std::uint8_t* const end = compact + offsets[u + 1];
+        auto word = [&]() {
+            std::uint32_t x = 0;
+            for (unsigned shift = 0;; shift += 7) {
+                if (q >= end || shift > 28) throw std::invalid_argument("malformed sequence key " + std::to_string(u));
+                const std::uint8_t b = *q++;
+                x |= static_cast<std::uint32_t>(b & 0x7f) << shift;
+                if (b < 0x80) return x;
+            }
+        };
+        auto put = [&](std::uint32_t x) {
+            for (int k = 0; k < 4; ++k) keys.push_back(static_cast<std::uint8_t>(x >> (8 * k)));
+        };
+        static const char kMagic[8] = {'D', 'L', 'B', 'S', 'E', 'Q', 0, 0};
+        keys.insert(keys.end(), kMagic, kMagic + 8);
+        put(kSequenceDigestVersion);
+        const std::uint32_t n_members = word();
+        put(n_members);
+        for (std::uint32_t k = 0; k < n_members; ++k) {
+            const std::uint32_t id = word();
+            if (id >= static_cast<std::uint64_t>(n_layers))
+                throw std::invalid_argument("sequence key " + std::to_string(u) + " names layer id " + std::to_string(id) +
+                                            " of " + std::to_string(n_layers));
+            keys.insert(keys.end(), layer_digests[id].bytes.begin(), layer_digests[id].bytes.end());
+        }
+        for (int part = 0; part < 2; ++part) {  // internal edges (4 words each), shared inputs (3)
+            const std::uint32_t count = word();
+            put(count);
+            for (std::uint64_t k = 0; k < std::uint64_t{count} * (part == 0 ? 4 : 3); ++k) put(word());
+        }
+        if (q != end) throw std::invalid_argument("malformed sequence key " + std::to_string(u));
+        key_offsets.push_back(static_cast<std::int64_t>(keys.size()));
+    }
+    return out;
 }
 
 std::vector<Digest128> sequence_digests(const std::uint8_t* keys, const std::int64_t* offsets, std::int64_t n) {

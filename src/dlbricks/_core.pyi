@@ -24,11 +24,11 @@ class _DedupResult(TypedDict):
     seq_offsets: npt.NDArray[np.int64]
     seq_members: npt.NDArray[np.int32]
     seq_ids: npt.NDArray[np.int32]
-    # With sequence_digests=True (the default) the digests; otherwise the canonical
-    # bytes of each unique sequence, for sequence_digests() to hash.
+    # With sequence_digests=True (the default) the digests; otherwise the compact form
+    # of each unique sequence, for expand_sequence_keys() and sequence_digests().
     unique_seq_digests: NotRequired[npt.NDArray[np.uint8]]
-    unique_seq_keys: NotRequired[npt.NDArray[np.uint8]]
-    unique_seq_key_offsets: NotRequired[npt.NDArray[np.int64]]
+    unique_seq_compact: NotRequired[npt.NDArray[np.uint8]]
+    unique_seq_compact_offsets: NotRequired[npt.NDArray[np.int64]]
     unique_seq_first: npt.NDArray[np.int64]
     model_unique_layers: npt.NDArray[np.int64]
     model_unique_seqs: npt.NDArray[np.int64]
@@ -101,7 +101,12 @@ def dedup_corpus_many(
     sequence_digests: bool = True,
 ) -> list[_DedupResult]: ...  # one per G, all holding the same layer arrays
 def sequence_digests(keys: _UInt8Array, key_offsets: _Int64Array) -> npt.NDArray[np.uint8]:
-    """Sequence digests of canonical keys (dedup_corpus(..., sequence_digests=False) returns them)."""
+    """Sequence digests of canonical keys (expand_sequence_keys makes them)."""
+def expand_sequence_keys(
+    compact: _UInt8Array, offsets: _Int64Array, layer_digests: _UInt8Array
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Canonical keys and offsets from the compact forms dedup_corpus(..., sequence_digests=False)
+    returns; layer_digests: the corpus' unique layers, by id."""
 def repeated_kinds(
     node_offsets: _Int64Array, repeated: npt.NDArray[np.uint8], kind_codes: _Int32Array
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int64]]: ...

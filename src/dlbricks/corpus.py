@@ -30,8 +30,12 @@ class CorpusSplit:
         seq_ids: unique-sequence id of every sequence.
         unique_first: flat index of each unique sequence's first occurrence.
         model_unique: distinct sequence ids within each model.
+        compact_keys, compact_key_offsets: the compact form of each unique sequence
+            (docs/core.md: members as unique-layer ids), back to back.
+        layer_digests: (L, 16) digests of the corpus' unique layers, by id.
         unique_keys, unique_key_offsets: the canonical bytes of each unique sequence
-            (the digest's input, docs/digests.md), back to back.
+            (the digest's input, docs/core.md), back to back (expanded from the compact
+            forms on first use).
         unique_digests: (U, 16) digests of the unique sequences, first-appearance order
             (hashed from the keys on first use: counting unique sequences needs none).
     """
@@ -43,20 +47,35 @@ class CorpusSplit:
     seq_ids: np.ndarray
     unique_first: np.ndarray
     model_unique: np.ndarray
-    unique_keys: np.ndarray
-    unique_key_offsets: np.ndarray
+    compact_keys: np.ndarray
+    compact_key_offsets: np.ndarray
+    layer_digests: np.ndarray = field(repr=False)
+    _keys: list = field(default_factory=list, repr=False, compare=False)  # [(keys, offsets)] once expanded
     _digests: list = field(default_factory=list, repr=False, compare=False)  # [digests] once hashed
+
+    def _canonical(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self._keys:
+            # Two threads may both expand; either result is the same array's worth.
+            self._keys.append(_core.expand_sequence_keys(self.compact_keys, self.compact_key_offsets, self.layer_digests))
+        return self._keys[0]
+
+    @property
+    def unique_keys(self) -> np.ndarray:
+        return self._canonical()[0]
+
+    @property
+    def unique_key_offsets(self) -> np.ndarray:
+        return self._canonical()[1]
 
     @property
     def unique_digests(self) -> np.ndarray:
         if not self._digests:
-            # Two threads may both hash; either result is the same array's worth.
-            self._digests.append(_core.sequence_digests(self.unique_keys, self.unique_key_offsets))
+            self._digests.append(_core.sequence_digests(*self._canonical()))
         return self._digests[0]
 
     @property
     def n_unique(self) -> int:
-        return int(self.unique_key_offsets.shape[0]) - 1
+        return int(self.compact_key_offsets.shape[0]) - 1
 
     @property
     def n_sequences(self) -> int:
@@ -221,6 +240,7 @@ class Corpus:
             layers = results[0]  # every result holds the same layer arrays
             self._layer_ids = layers["layer_ids"]
             self._unique_layer_first = layers["unique_layer_first"]
+            layer_digests = self.digests[self._unique_layer_first]
             self._model_unique_layers = layers["model_unique_layers"]
             self._layer_repeats = layers["layer_repeats"]
             for G, r in zip(missing, results):
@@ -232,8 +252,9 @@ class Corpus:
                     r["seq_ids"],
                     r["unique_seq_first"],
                     r["model_unique_seqs"],
-                    r["unique_seq_keys"],
-                    r["unique_seq_key_offsets"],
+                    r["unique_seq_compact"],
+                    r["unique_seq_compact_offsets"],
+                    layer_digests,
                 )
         return [self._splits[G] for G in keys]
 

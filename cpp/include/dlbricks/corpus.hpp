@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "dlbricks/digest.hpp"
@@ -34,10 +35,11 @@ struct CorpusResult {
     std::vector<std::int32_t> seq_members;         // model-local node indices
     std::vector<std::int32_t> seq_ids;             // per sequence: unique sequence id
     std::vector<Digest128> unique_seq_digests;     // per unique sequence (when asked for)
-    // Otherwise each unique sequence's canonical bytes (the digest's input), back to back:
-    // sequence u is unique_seq_keys[offsets[u], offsets[u+1]). See sequence_digests().
-    std::vector<std::uint8_t> unique_seq_keys;
-    std::vector<std::int64_t> unique_seq_key_offsets;  // U + 1, starts at 0
+    // Otherwise each unique sequence's compact form (see split_sequences), back to back:
+    // sequence u is unique_seq_compact[offsets[u], offsets[u+1]). expand_sequence_keys()
+    // turns them into canonical bytes (the digests' input), for sequence_digests().
+    std::vector<std::uint8_t> unique_seq_compact;
+    std::vector<std::int64_t> unique_seq_compact_offsets;  // U + 1, starts at 0
     std::vector<std::int64_t> unique_seq_first;    // per unique sequence: global sequence index
     std::vector<std::int64_t> model_unique_layers;  // m: distinct layer ids within each model
     std::vector<std::int64_t> model_unique_seqs;    // m: distinct sequence ids within each model
@@ -45,11 +47,12 @@ struct CorpusResult {
 };
 
 /// Splits every model at granularity G and dedups layers and sequences across the
-/// corpus. Sequences are deduplicated by their canonical bytes; with `digests` each
-/// unique one is then hashed (unique_seq_digests), without it its bytes are returned
-/// instead (unique_seq_keys), for sequence_digests() to hash when the digests are
-/// wanted: counting unique sequences needs no digest. Throws std::invalid_argument
-/// naming the model and the problem.
+/// corpus. Sequences are deduplicated by their compact forms (equal exactly when their
+/// canonical bytes are); with `digests` each unique one is then hashed
+/// (unique_seq_digests), without it its compact form is returned instead
+/// (unique_seq_compact), for expand_sequence_keys() and sequence_digests() when the
+/// digests are wanted: counting unique sequences needs neither. Throws
+/// std::invalid_argument naming the model and the problem.
 /// Cost: O(total nodes log + total edges), memory O(total nodes + edges).
 CorpusResult dedup_corpus(const CorpusView& corpus, int G, bool digests = true);
 
@@ -61,6 +64,15 @@ std::vector<CorpusResult> dedup_corpus(const CorpusView& corpus, const std::vect
 
 /// The sequence digest of each of n canonical byte strings keys[offsets[u], offsets[u+1])
 /// (as dedup_corpus returns them without digests). Throws std::invalid_argument if the
+/// The canonical bytes of n compact sequence forms (dedup_corpus without digests), back
+/// to back with their offsets (n + 1, from 0). layer_digests has one digest per
+/// unique-layer id of the corpus that made them (n_layers). Throws
+/// std::invalid_argument on a form that is malformed or names an id out of range.
+/// Cost: O(output bytes).
+std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_keys(
+    const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t n, const Digest128* layer_digests,
+    std::int64_t n_layers);
+
 /// offsets do not start at 0 or decrease. Cost: O(key bytes).
 std::vector<Digest128> sequence_digests(const std::uint8_t* keys, const std::int64_t* offsets, std::int64_t n);
 

@@ -563,10 +563,10 @@ def test_expanding_compact_keys_checks_its_input() -> None:
     keys, offsets = _core.expand_sequence_keys(one, np.array([0, 4]), digests)
     assert offsets.tolist() == [0, len(keys)] and bytes(keys[:8]) == b"DLBSEQ\0\0"
     for bad, what in (
-        (np.array([1, 5, 0, 0], np.uint8), "names layer id 5 of 2"),
-        (np.array([1, 0, 0], np.uint8), "malformed sequence key 0"),  # cut short
-        (np.array([1, 0, 0, 0, 7], np.uint8), "malformed sequence key 0"),  # trailing byte
-        (np.array([1, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF], np.uint8), "malformed sequence key 0"),  # varint too long
+        (np.array([1, 5, 0, 0], np.uint8), "key 0: sequence key names layer id 5 of 2"),
+        (np.array([1, 0, 0], np.uint8), "key 0: malformed sequence key"),  # cut short
+        (np.array([1, 0, 0, 0, 7], np.uint8), "key 0: malformed sequence key"),  # trailing byte
+        (np.array([1, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF], np.uint8), "key 0: malformed sequence key"),  # varint too long
     ):
         with pytest.raises(ValueError, match=what):
             _core.expand_sequence_keys(bad, np.array([0, len(bad)]), digests)

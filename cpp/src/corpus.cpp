@@ -199,7 +199,8 @@ public:
                     // Room for the canonical form: at most 16 + 16 bytes per compact byte.
                     const std::size_t bound = 16 + 16 * p.size;
                     if (scratch_.size() < bound) scratch_.resize(bound);
-                    const std::uint8_t* end = expand_sequence_key(key, digest_of_id_.data(), scratch_.data());
+                    const std::uint8_t* end =
+                        expand_sequence_key(key, p.size, digest_of_id_.data(), digest_of_id_.size(), scratch_.data());
                     r_.unique_seq_digests.push_back(
                         digest128(scratch_.data(), static_cast<std::size_t>(end - scratch_.data())));
                 } else {
@@ -336,6 +337,7 @@ std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_
     const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t n, const Digest128* layer_digests,
     std::int64_t n_layers) {
     if (n < 0) throw std::invalid_argument("key count must be >= 0");
+    if (n_layers < 0) throw std::invalid_argument("layer count must be >= 0");
     if (offsets[0] != 0) throw std::invalid_argument("key offsets must start at 0");
     for (std::int64_t u = 0; u < n; ++u)
         if (offsets[u + 1] < offsets[u]) throw std::invalid_argument("key offsets decrease at " + std::to_string(u));
@@ -343,43 +345,20 @@ std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_
     auto& [keys, key_offsets] = out;
     key_offsets.reserve(static_cast<std::size_t>(n) + 1);
     key_offsets.push_back(0);
+    std::size_t used = 0;
     for (std::int64_t u = 0; u < n; ++u) {
-        // Checked here, as the arrays may come from anywhere: every read stays inside
-        // the form, every id names a layer, and the form ends where its offset says.
-        const std::uint8_t* q = compact + offsets[u];
-        const std::uint8_t* const end = compact + offsets[u + 1];
-        auto word = [&]() {
-            std::uint32_t x = 0;
-            for (unsigned shift = 0;; shift += 7) {
-                if (q >= end || shift > 28) throw std::invalid_argument("malformed sequence key " + std::to_string(u));
-                const std::uint8_t b = *q++;
-                x |= static_cast<std::uint32_t>(b & 0x7f) << shift;
-                if (b < 0x80) return x;
-            }
-        };
-        auto put = [&](std::uint32_t x) {
-            for (int k = 0; k < 4; ++k) keys.push_back(static_cast<std::uint8_t>(x >> (8 * k)));
-        };
-        static const char kMagic[8] = {'D', 'L', 'B', 'S', 'E', 'Q', 0, 0};
-        keys.insert(keys.end(), kMagic, kMagic + 8);
-        put(kSequenceDigestVersion);
-        const std::uint32_t n_members = word();
-        put(n_members);
-        for (std::uint32_t k = 0; k < n_members; ++k) {
-            const std::uint32_t id = word();
-            if (id >= static_cast<std::uint64_t>(n_layers))
-                throw std::invalid_argument("sequence key " + std::to_string(u) + " names layer id " + std::to_string(id) +
-                                            " of " + std::to_string(n_layers));
-            keys.insert(keys.end(), layer_digests[id].bytes.begin(), layer_digests[id].bytes.end());
+        const auto size = static_cast<std::size_t>(offsets[u + 1] - offsets[u]);
+        if (keys.size() < used + 16 + 16 * size) keys.resize(std::max(2 * keys.size(), used + 16 + 16 * size));
+        try {
+            used = static_cast<std::size_t>(expand_sequence_key(compact + offsets[u], size, layer_digests,
+                                                                static_cast<std::size_t>(n_layers), keys.data() + used) -
+                                            keys.data());
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument("key " + std::to_string(u) + ": " + e.what());
         }
-        for (int part = 0; part < 2; ++part) {  // internal edges (4 words each), shared inputs (3)
-            const std::uint32_t count = word();
-            put(count);
-            for (std::uint64_t k = 0; k < std::uint64_t{count} * (part == 0 ? 4 : 3); ++k) put(word());
-        }
-        if (q != end) throw std::invalid_argument("malformed sequence key " + std::to_string(u));
-        key_offsets.push_back(static_cast<std::int64_t>(keys.size()));
+        key_offsets.push_back(static_cast<std::int64_t>(used));
     }
+    keys.resize(used);
     return out;
 }
 

@@ -167,18 +167,37 @@ Split split_sequences(const GraphView& g, int G) {
     return split_sequences(g, adj, topo_order(g, adj), G);
 }
 
-std::uint8_t* expand_sequence_key(const std::uint8_t* key, const Digest128* digest_of_id, std::uint8_t* out) {
+std::uint8_t* expand_sequence_key(const std::uint8_t* key, std::size_t size, const Digest128* digest_of_id,
+                                  std::size_t n_ids, std::uint8_t* out) {
+    // Checked: every read stays inside the form, every id names a digest, and the form
+    // ends where its size says (the public array API hands arbitrary bytes here).
     const std::uint8_t* q = key;
-    const std::uint32_t n_members = get_varint32(q);
+    const std::uint8_t* const end = key + size;
+    auto word = [&]() {
+        std::uint32_t x = 0;
+        for (unsigned shift = 0;; shift += 7) {
+            if (q >= end || shift > 28) throw std::invalid_argument("malformed sequence key");
+            const std::uint8_t b = *q++;
+            x |= static_cast<std::uint32_t>(b & 0x7f) << shift;
+            if (b < 0x80) return x;
+        }
+    };
     std::memcpy(out, "DLBSEQ\0\0", 8);
+    const std::uint32_t n_members = word();
     std::uint8_t* p = put_le32(put_le32(out + 8, kSequenceDigestVersion), n_members);
-    for (std::uint32_t k = 0; k < n_members; ++k, p += 16) std::memcpy(p, digest_of_id[get_varint32(q)].bytes.data(), 16);
-    const std::uint32_t n_internal = get_varint32(q);
-    p = put_le32(p, n_internal);
-    for (std::uint32_t k = 0; k < 4 * n_internal; ++k) p = put_le32(p, get_varint32(q));
-    const std::uint32_t n_shared = get_varint32(q);
-    p = put_le32(p, n_shared);
-    for (std::uint32_t k = 0; k < 3 * n_shared; ++k) p = put_le32(p, get_varint32(q));
+    for (std::uint32_t k = 0; k < n_members; ++k, p += 16) {
+        const std::uint32_t id = word();
+        if (id >= n_ids)
+            throw std::invalid_argument("sequence key names layer id " + std::to_string(id) + " of " +
+                                        std::to_string(n_ids));
+        std::memcpy(p, digest_of_id[id].bytes.data(), 16);
+    }
+    for (int part = 0; part < 2; ++part) {  // internal edges (4 words each), shared inputs (3)
+        const std::uint32_t count = word();
+        p = put_le32(p, count);
+        for (std::uint64_t k = 0; k < std::uint64_t{count} * (part == 0 ? 4 : 3); ++k) p = put_le32(p, word());
+    }
+    if (q != end) throw std::invalid_argument("malformed sequence key");
     return p;
 }
 

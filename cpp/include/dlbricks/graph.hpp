@@ -89,10 +89,12 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
                       int G, SequenceSink* sink = nullptr, const std::int32_t* member_ids = nullptr);
 
 /// Writes at `out` the canonical bytes of the sequence whose compact form (see
-/// split_sequences) starts at `key`; digest_of_id[id] is the digest of member id.
-/// Returns the end of what it wrote, at most 16 + 16 * (the compact form's size) bytes.
-/// Precondition: a compact form split_sequences wrote, its ids within digest_of_id.
-std::uint8_t* expand_sequence_key(const std::uint8_t* key, const Digest128* digest_of_id, std::uint8_t* out);
+/// split_sequences) is [key, key + size); digest_of_id[id] (id < n_ids) is the digest of
+/// member id. Returns the end of what it wrote: at most 16 + 16 * size bytes, which
+/// `out` must have room for. Throws std::invalid_argument on a malformed form or an id
+/// out of range. Cost: O(size).
+std::uint8_t* expand_sequence_key(const std::uint8_t* key, std::size_t size, const Digest128* digest_of_id,
+                                  std::size_t n_ids, std::uint8_t* out);
 
 /// Longest path through the DAG where node i weighs weights[i] (>= 0 and finite).
 /// Returns the length and the nodes on one longest path, source first; ties go to the

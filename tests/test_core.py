@@ -568,8 +568,9 @@ def test_expanding_compact_keys_checks_its_input() -> None:
         (np.array([1, 0, 0, 0, 7], np.uint8), "key 0: malformed sequence key"),  # trailing byte
         (np.array([1, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF], np.uint8), "key 0: malformed sequence key"),  # varint too long
     ):
-        with pytest.raises(ValueError, match=what):
-            _core.expand_sequence_keys(bad, np.array([0, len(bad)]), digests)
+        for checked in (_core.expand_sequence_keys, _core.compact_sequence_digests):
+            with pytest.raises(ValueError, match=what):
+                checked(bad, np.array([0, len(bad)]), digests)
     with pytest.raises(ValueError, match="offsets must end at len"):
         _core.expand_sequence_keys(one, np.array([0, 3]), digests)
     with pytest.raises(ValueError, match="decrease"):
@@ -582,11 +583,16 @@ def test_expanding_compact_keys_checks_its_input() -> None:
 @given(st.binary(max_size=40), st.lists(st.integers(0, 40), max_size=4))
 def test_expanding_arbitrary_bytes_never_crashes(data: bytes, cuts: list[int]) -> None:
     offsets = sorted({0, len(data), *(min(c, len(data)) for c in cuts)})
+    compact, layers = np.frombuffer(data, np.uint8), np.arange(48, dtype=np.uint8).reshape(3, 16)
     try:
-        keys, out = _core.expand_sequence_keys(np.frombuffer(data, np.uint8), np.array(offsets), np.zeros((3, 16), np.uint8))
+        keys, out = _core.expand_sequence_keys(compact, np.array(offsets), layers)
     except ValueError:
+        with pytest.raises(ValueError):
+            _core.compact_sequence_digests(compact, np.array(offsets), layers)
         return
     assert len(out) == len(offsets) and out[-1] == len(keys)
+    # Hashing in a scratch buffer gives what hashing the expanded keys gives.
+    assert np.array_equal(_core.compact_sequence_digests(compact, np.array(offsets), layers), _core.sequence_digests(keys, out))
 
 
 @SETTINGS

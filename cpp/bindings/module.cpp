@@ -297,6 +297,25 @@ PYBIND11_MODULE(_core, m) {
         "Sequence digests of canonical keys (expand_sequence_keys makes them).");
 
     m.def(
+        "compact_sequence_digests",
+        [](Array<std::uint8_t> compact, Array<std::int64_t> offsets, Array<std::uint8_t> layer_digests) {
+            require_1d(compact, "compact");
+            require_1d(offsets, "offsets");
+            if (offsets.shape(0) < 1) throw std::invalid_argument("offsets needs at least one entry");
+            const std::int64_t n = offsets.shape(0) - 1;
+            if (offsets.data()[n] != compact.shape(0)) throw std::invalid_argument("offsets must end at len(compact)");
+            const Digest128* layers = digest_rows(layer_digests, "layer_digests");
+            std::vector<Digest128> out;
+            {
+                py::gil_scoped_release release;
+                out = compact_sequence_digests(compact.data(), offsets.data(), n, layers, layer_digests.shape(0));
+            }
+            return digests_to_numpy(std::move(out));
+        },
+        py::arg("compact"), py::arg("offsets"), py::arg("layer_digests"),
+        "Sequence digests straight from the compact forms dedup_corpus(..., sequence_digests=False) returns.");
+
+    m.def(
         "expand_sequence_keys",
         [](Array<std::uint8_t> compact, Array<std::int64_t> offsets, Array<std::uint8_t> layer_digests) {
             require_1d(compact, "compact");

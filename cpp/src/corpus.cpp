@@ -16,7 +16,9 @@ namespace {
 template <class Slot, class HashOf>
 void grow_table(std::vector<Slot>& slots, std::size_t& mask, HashOf hash_of, std::size_t first = 1024) {
     std::vector<Slot> old = std::move(slots);
-    slots.assign(old.empty() ? first : 2 * old.size(), Slot{});
+    // Default-constructed in place: filling with copies of one empty slot made GCC
+    // rebuild that slot on the stack for each copy (a store-forwarding stall per slot).
+    slots = std::vector<Slot>(old.empty() ? first : 2 * old.size());
     mask = slots.size() - 1;
     for (const Slot& s : old)
         if (s.id >= 0) {
@@ -87,10 +89,8 @@ public:
         std::int32_t id = -1;
         std::int32_t last_model = -1;  // as DigestIndex::Slot
         std::uint32_t size = 0;
-        union {
-            std::uint8_t key[kInline] = {};
-            std::uint64_t at;  // a longer key is arena_[at, at + size)
-        };
+        // The key, or for a longer one where it begins in the arena (its first 8 bytes).
+        std::uint8_t key[kInline] = {};
     };
 
     /// Frees the table and the keys; the index is empty afterwards.
@@ -124,7 +124,8 @@ public:
                 if (n <= kInline) {
                     std::memcpy(s.key, key, n);
                 } else {
-                    s.at = arena_.size();
+                    const std::uint64_t at = arena_.size();
+                    std::memcpy(s.key, &at, sizeof at);
                     arena_.insert(arena_.end(), key, key + n);
                 }
                 hash_of_id_.push_back(hash);  // ids are 0, 1, 2... in insertion order
@@ -141,7 +142,12 @@ public:
     }
 
 private:
-    const std::uint8_t* key_of(const Slot& s) const { return s.size <= kInline ? s.key : arena_.data() + s.at; }
+    const std::uint8_t* key_of(const Slot& s) const {
+        if (s.size <= kInline) return s.key;
+        std::uint64_t at;
+        std::memcpy(&at, s.key, sizeof at);
+        return arena_.data() + at;
+    }
     void grow() {
         // Slots keep only a check of the hash; the full hashes are kept by id.
         grow_table(slots_, mask_, [this](const Slot& s) { return hash_of_id_[static_cast<std::size_t>(s.id)]; });
@@ -333,14 +339,48 @@ CorpusResult dedup_corpus(const CorpusView& c, int G, bool digests) {
     return std::move(dedup_corpus(c, std::vector<int>{G}, digests)[0]);
 }
 
-std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_keys(
-    const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t n, const Digest128* layer_digests,
-    std::int64_t n_layers) {
+namespace {
+
+void check_compact_offsets(const std::int64_t* offsets, std::int64_t n, std::int64_t n_layers) {
     if (n < 0) throw std::invalid_argument("key count must be >= 0");
     if (n_layers < 0) throw std::invalid_argument("layer count must be >= 0");
     if (offsets[0] != 0) throw std::invalid_argument("key offsets must start at 0");
     for (std::int64_t u = 0; u < n; ++u)
         if (offsets[u + 1] < offsets[u]) throw std::invalid_argument("key offsets decrease at " + std::to_string(u));
+}
+
+// Expands compact form u of `compact` at `out` (room for 16 + 16 bytes per compact
+// byte); the end of what it wrote. Errors name the key.
+std::uint8_t* expand_one(const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t u,
+                         const Digest128* layer_digests, std::int64_t n_layers, std::uint8_t* out) {
+    try {
+        return expand_sequence_key(compact + offsets[u], static_cast<std::size_t>(offsets[u + 1] - offsets[u]),
+                                   layer_digests, static_cast<std::size_t>(n_layers), out);
+    } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("key " + std::to_string(u) + ": " + e.what());
+    }
+}
+
+}  // namespace
+
+std::vector<Digest128> compact_sequence_digests(const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t n,
+                                                const Digest128* layer_digests, std::int64_t n_layers) {
+    check_compact_offsets(offsets, n, n_layers);
+    std::vector<Digest128> out(static_cast<std::size_t>(n));
+    std::vector<std::uint8_t> scratch;
+    for (std::int64_t u = 0; u < n; ++u) {
+        const auto bound = 16 + 16 * static_cast<std::size_t>(offsets[u + 1] - offsets[u]);
+        if (scratch.size() < bound) scratch.resize(bound);
+        const std::uint8_t* end = expand_one(compact, offsets, u, layer_digests, n_layers, scratch.data());
+        out[static_cast<std::size_t>(u)] = digest128(scratch.data(), static_cast<std::size_t>(end - scratch.data()));
+    }
+    return out;
+}
+
+std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_keys(
+    const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t n, const Digest128* layer_digests,
+    std::int64_t n_layers) {
+    check_compact_offsets(offsets, n, n_layers);
     std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> out;
     auto& [keys, key_offsets] = out;
     key_offsets.reserve(static_cast<std::size_t>(n) + 1);
@@ -349,13 +389,8 @@ std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_
     for (std::int64_t u = 0; u < n; ++u) {
         const auto size = static_cast<std::size_t>(offsets[u + 1] - offsets[u]);
         if (keys.size() < used + 16 + 16 * size) keys.resize(std::max(2 * keys.size(), used + 16 + 16 * size));
-        try {
-            used = static_cast<std::size_t>(expand_sequence_key(compact + offsets[u], size, layer_digests,
-                                                                static_cast<std::size_t>(n_layers), keys.data() + used) -
-                                            keys.data());
-        } catch (const std::invalid_argument& e) {
-            throw std::invalid_argument("key " + std::to_string(u) + ": " + e.what());
-        }
+        used = static_cast<std::size_t>(expand_one(compact, offsets, u, layer_digests, n_layers, keys.data() + used) -
+                                        keys.data());
         key_offsets.push_back(static_cast<std::int64_t>(used));
     }
     keys.resize(used);

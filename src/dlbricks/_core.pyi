@@ -102,6 +102,10 @@ def dedup_corpus_many(
 ) -> list[_DedupResult]: ...  # one per G, all holding the same layer arrays
 def sequence_digests(keys: _UInt8Array, key_offsets: _Int64Array) -> npt.NDArray[np.uint8]:
     """Sequence digests of canonical keys (expand_sequence_keys makes them)."""
+def compact_sequence_digests(
+    compact: _UInt8Array, offsets: _Int64Array, layer_digests: _UInt8Array
+) -> npt.NDArray[np.uint8]:
+    """Sequence digests straight from the compact forms dedup_corpus(..., sequence_digests=False) returns."""
 def expand_sequence_keys(
     compact: _UInt8Array, offsets: _Int64Array, layer_digests: _UInt8Array
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:

@@ -70,7 +70,10 @@ class CorpusSplit:
     @property
     def unique_digests(self) -> np.ndarray:
         if not self._digests:
-            self._digests.append(_core.sequence_digests(*self._canonical()))
+            # Each form is expanded and hashed in a scratch buffer: no array of keys.
+            self._digests.append(
+                _core.compact_sequence_digests(self.compact_keys, self.compact_key_offsets, self.layer_digests)
+            )
         return self._digests[0]
 
     @property

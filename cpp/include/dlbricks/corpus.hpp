@@ -62,6 +62,12 @@ CorpusResult dedup_corpus(const CorpusView& corpus, int G, bool digests = true);
 /// filled in results[0] only. Throws std::invalid_argument as above (or no G given).
 std::vector<CorpusResult> dedup_corpus(const CorpusView& corpus, const std::vector<int>& Gs, bool digests = true);
 
+/// The digests of n compact sequence forms: each form is expanded into a scratch buffer
+/// and hashed there (no array of canonical keys is made). Same checks and errors as
+/// expand_sequence_keys. Cost: O(canonical bytes).
+std::vector<Digest128> compact_sequence_digests(const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t n,
+                                                const Digest128* layer_digests, std::int64_t n_layers);
+
 /// The sequence digest of each of n canonical byte strings keys[offsets[u], offsets[u+1])
 /// (as dedup_corpus returns them without digests). Throws std::invalid_argument if the
 /// The canonical bytes of n compact sequence forms (dedup_corpus without digests), back

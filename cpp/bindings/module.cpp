@@ -164,6 +164,19 @@ std::int64_t models_of(const Array<std::int64_t>& node_offsets, py::ssize_t n_la
     return m;
 }
 
+// The number of keys that `offsets` (named `offsets_name`) delimit in the 1-d byte
+// array `bytes` (`bytes_name`): they must be 1-d, at least [0], and end at its length.
+std::int64_t keys_of(const Array<std::uint8_t>& bytes, const Array<std::int64_t>& offsets, const char* bytes_name,
+                     const char* offsets_name) {
+    require_1d(bytes, bytes_name);
+    require_1d(offsets, offsets_name);
+    if (offsets.shape(0) < 1) throw std::invalid_argument(std::string(offsets_name) + " needs at least one entry");
+    const std::int64_t n = offsets.shape(0) - 1;
+    if (offsets.data()[n] != bytes.shape(0))
+        throw std::invalid_argument(std::string(offsets_name) + " must end at len(" + bytes_name + ")");
+    return n;
+}
+
 // Both dedup entry points: one dict per G (the single-G one takes the first), all
 // sharing the same layer arrays.
 py::list dedup_to_dicts(Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
@@ -280,12 +293,7 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "sequence_digests",
         [](Array<std::uint8_t> keys, Array<std::int64_t> key_offsets) {
-            require_1d(keys, "keys");
-            require_1d(key_offsets, "key_offsets");
-            if (key_offsets.shape(0) < 1) throw std::invalid_argument("key_offsets needs at least one entry");
-            const std::int64_t n = key_offsets.shape(0) - 1;
-            if (key_offsets.data()[n] != keys.shape(0))
-                throw std::invalid_argument("key_offsets must end at len(keys)");
+            const std::int64_t n = keys_of(keys, key_offsets, "keys", "key_offsets");
             std::vector<Digest128> out;
             {
                 py::gil_scoped_release release;
@@ -299,11 +307,7 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "compact_sequence_digests",
         [](Array<std::uint8_t> compact, Array<std::int64_t> offsets, Array<std::uint8_t> layer_digests) {
-            require_1d(compact, "compact");
-            require_1d(offsets, "offsets");
-            if (offsets.shape(0) < 1) throw std::invalid_argument("offsets needs at least one entry");
-            const std::int64_t n = offsets.shape(0) - 1;
-            if (offsets.data()[n] != compact.shape(0)) throw std::invalid_argument("offsets must end at len(compact)");
+            const std::int64_t n = keys_of(compact, offsets, "compact", "offsets");
             const Digest128* layers = digest_rows(layer_digests, "layer_digests");
             std::vector<Digest128> out;
             {
@@ -318,11 +322,7 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "expand_sequence_keys",
         [](Array<std::uint8_t> compact, Array<std::int64_t> offsets, Array<std::uint8_t> layer_digests) {
-            require_1d(compact, "compact");
-            require_1d(offsets, "offsets");
-            if (offsets.shape(0) < 1) throw std::invalid_argument("offsets needs at least one entry");
-            const std::int64_t n = offsets.shape(0) - 1;
-            if (offsets.data()[n] != compact.shape(0)) throw std::invalid_argument("offsets must end at len(compact)");
+            const std::int64_t n = keys_of(compact, offsets, "compact", "offsets");
             const Digest128* layers = digest_rows(layer_digests, "layer_digests");
             std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> out;
             {

@@ -159,6 +159,15 @@ private:
     std::vector<std::uint8_t> arena_;
 };
 
+// The digest of one compact sequence form: expanded into `scratch` (grown to the bound
+// of 16 + 16 bytes per compact byte) and hashed there.
+Digest128 compact_digest(const std::uint8_t* key, std::size_t size, const Digest128* digest_of_id, std::size_t n_ids,
+                         std::vector<std::uint8_t>& scratch) {
+    if (scratch.size() < 16 + 16 * size) scratch.resize(16 + 16 * size);
+    const std::uint8_t* end = expand_sequence_key(key, size, digest_of_id, n_ids, scratch.data());
+    return digest128(scratch.data(), static_cast<std::size_t>(end - scratch.data()));
+}
+
 // Collects one model's sequences from split_sequences, then dedups them corpus-wide in
 // one pass. Two passes so that the table slots, prefetched while the split runs, are
 // in cache by the time they are read: at 10^6 layers the table is megabytes and a
@@ -202,13 +211,8 @@ public:
             if (inserted) {
                 ++n_seqs_;
                 if (digests_) {
-                    // Room for the canonical form: at most 16 + 16 bytes per compact byte.
-                    const std::size_t bound = 16 + 16 * p.size;
-                    if (scratch_.size() < bound) scratch_.resize(bound);
-                    const std::uint8_t* end =
-                        expand_sequence_key(key, p.size, digest_of_id_.data(), digest_of_id_.size(), scratch_.data());
                     r_.unique_seq_digests.push_back(
-                        digest128(scratch_.data(), static_cast<std::size_t>(end - scratch_.data())));
+                        compact_digest(key, p.size, digest_of_id_.data(), digest_of_id_.size(), scratch_));
                 } else {
                     r_.unique_seq_compact.insert(r_.unique_seq_compact.end(), key, key + p.size);
                     r_.unique_seq_compact_offsets.push_back(static_cast<std::int64_t>(r_.unique_seq_compact.size()));
@@ -341,21 +345,24 @@ CorpusResult dedup_corpus(const CorpusView& c, int G, bool digests) {
 
 namespace {
 
-void check_compact_offsets(const std::int64_t* offsets, std::int64_t n, std::int64_t n_layers) {
+// n keys' offsets (n + 1 of them): from 0, never decreasing.
+void check_key_offsets(const std::int64_t* offsets, std::int64_t n) {
     if (n < 0) throw std::invalid_argument("key count must be >= 0");
-    if (n_layers < 0) throw std::invalid_argument("layer count must be >= 0");
     if (offsets[0] != 0) throw std::invalid_argument("key offsets must start at 0");
     for (std::int64_t u = 0; u < n; ++u)
         if (offsets[u + 1] < offsets[u]) throw std::invalid_argument("key offsets decrease at " + std::to_string(u));
 }
 
-// Expands compact form u of `compact` at `out` (room for 16 + 16 bytes per compact
-// byte); the end of what it wrote. Errors name the key.
-std::uint8_t* expand_one(const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t u,
-                         const Digest128* layer_digests, std::int64_t n_layers, std::uint8_t* out) {
+void check_compact_offsets(const std::int64_t* offsets, std::int64_t n, std::int64_t n_layers) {
+    if (n_layers < 0) throw std::invalid_argument("layer count must be >= 0");
+    check_key_offsets(offsets, n);
+}
+
+// Runs `step` on key u; an error it throws names the key.
+template <class Step>
+auto for_key(std::int64_t u, Step&& step) {
     try {
-        return expand_sequence_key(compact + offsets[u], static_cast<std::size_t>(offsets[u + 1] - offsets[u]),
-                                   layer_digests, static_cast<std::size_t>(n_layers), out);
+        return step();
     } catch (const std::invalid_argument& e) {
         throw std::invalid_argument("key " + std::to_string(u) + ": " + e.what());
     }
@@ -369,10 +376,10 @@ std::vector<Digest128> compact_sequence_digests(const std::uint8_t* compact, con
     std::vector<Digest128> out(static_cast<std::size_t>(n));
     std::vector<std::uint8_t> scratch;
     for (std::int64_t u = 0; u < n; ++u) {
-        const auto bound = 16 + 16 * static_cast<std::size_t>(offsets[u + 1] - offsets[u]);
-        if (scratch.size() < bound) scratch.resize(bound);
-        const std::uint8_t* end = expand_one(compact, offsets, u, layer_digests, n_layers, scratch.data());
-        out[static_cast<std::size_t>(u)] = digest128(scratch.data(), static_cast<std::size_t>(end - scratch.data()));
+        const auto size = static_cast<std::size_t>(offsets[u + 1] - offsets[u]);
+        out[static_cast<std::size_t>(u)] = for_key(u, [&] {
+            return compact_digest(compact + offsets[u], size, layer_digests, static_cast<std::size_t>(n_layers), scratch);
+        });
     }
     return out;
 }
@@ -389,8 +396,10 @@ std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_
     for (std::int64_t u = 0; u < n; ++u) {
         const auto size = static_cast<std::size_t>(offsets[u + 1] - offsets[u]);
         if (keys.size() < used + 16 + 16 * size) keys.resize(std::max(2 * keys.size(), used + 16 + 16 * size));
-        used = static_cast<std::size_t>(expand_one(compact, offsets, u, layer_digests, n_layers, keys.data() + used) -
-                                        keys.data());
+        used = static_cast<std::size_t>(for_key(u, [&] {
+                   return expand_sequence_key(compact + offsets[u], size, layer_digests,
+                                              static_cast<std::size_t>(n_layers), keys.data() + used);
+               }) - keys.data());
         key_offsets.push_back(static_cast<std::int64_t>(used));
     }
     keys.resize(used);
@@ -398,10 +407,7 @@ std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_
 }
 
 std::vector<Digest128> sequence_digests(const std::uint8_t* keys, const std::int64_t* offsets, std::int64_t n) {
-    if (n < 0) throw std::invalid_argument("key count must be >= 0");
-    if (offsets[0] != 0) throw std::invalid_argument("key offsets must start at 0");
-    for (std::int64_t u = 0; u < n; ++u)
-        if (offsets[u + 1] < offsets[u]) throw std::invalid_argument("key offsets decrease at " + std::to_string(u));
+    check_key_offsets(offsets, n);
     std::vector<Digest128> out(static_cast<std::size_t>(n));
     for (std::int64_t u = 0; u < n; ++u)
         out[static_cast<std::size_t>(u)] =

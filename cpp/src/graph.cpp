@@ -33,15 +33,6 @@ inline std::uint8_t* put_varint32(std::uint8_t* p, std::uint32_t x) {
     return p;
 }
 
-inline std::uint32_t get_varint32(const std::uint8_t*& p) {
-    std::uint32_t x = 0;
-    for (unsigned shift = 0;; shift += 7) {
-        const std::uint8_t b = *p++;
-        x |= static_cast<std::uint32_t>(b & 0x7f) << shift;
-        if (b < 0x80) return x;
-    }
-}
-
 [[noreturn]] void throw_cycle(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& indegree) {
     // Every node left with a positive in-degree has a predecessor that is also left,
     // so walking predecessors from any of them must revisit a node: that node is on a cycle.

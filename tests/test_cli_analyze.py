@@ -169,6 +169,26 @@ def test_input_shape_resolves_symbolic_dims(capsys, tmp_path):
     assert code == 2 and "--input-shape" in err and len(err.splitlines()) == 1
 
 
+def test_main_builds_a_parser_once_and_each_call_parses_afresh(capsys, tmp_path, monkeypatch):
+    # main() keeps the parsers it builds; a later call must not see an earlier one's
+    # options (here the shapes that resolve the model's symbolic dims, and -G).
+    from dlbricks import cli
+
+    built = []
+    build = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda only=None: built.append(only) or build(only))
+    monkeypatch.setattr(cli, "_parsers", {})
+    path = tmp_path / "sym.onnx"
+    onnx.save(_conv_net(0, in_shape=("N", 3, "H", "W")), path)
+    result, _ = analyze_json(capsys, path, "--input-shape", "x=2x3x16x16", "-G", "2")
+    assert result["models"][0]["layers"] == 6 and result["G"] == [2]
+    code, _, err = analyze(capsys, path)
+    assert code == 1 and "'H'" in err  # no shapes left over from the first call
+    result, _ = analyze_json(capsys, path, "--input-shape", "x=1x3x16x16")
+    assert result["G"] == [1, 2, 3]  # the default again
+    assert built == ["analyze"]
+
+
 def test_a_symbolic_batch_dim_is_set_to_one_with_a_warning(capsys, tmp_path):
     path = tmp_path / "batch.onnx"
     onnx.save(_conv_net(0, in_shape=("N", 3, 16, 16)), path)

@@ -113,6 +113,12 @@ def _command_module(name: str):  # noqa: ANN202
 
 
 _argparse_catalogue_resolved = False
+# Parsers main() has built, by command (None: the main parser). A process that runs
+# several commands (a pipeline calling main(), the tests) builds each parser once:
+# building analyze's costs more than parsing its arguments (~0.3 ms against ~0.05 ms
+# here) and parsing leaves a parser unchanged. Emptied when argparse's catalogue is
+# looked up again, since parsers hold messages translated when they were built.
+_parsers: dict[str | None, argparse.ArgumentParser] = {}
 
 
 def _resolve_argparse_catalogue() -> None:
@@ -130,6 +136,7 @@ def _resolve_argparse_catalogue() -> None:
     if _argparse_catalogue_resolved:
         return
     _argparse_catalogue_resolved = True
+    _parsers.clear()
     domain = gettext.textdomain()
     argparse._ = gettext.translation(domain, gettext.bindtextdomain(domain), fallback=True).gettext  # type: ignore[attr-defined]
 
@@ -158,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     _resolve_argparse_catalogue()
     # The first argument names the command unless it is an option (--help, --version).
     only = argv[0] if argv and argv[0] in _COMMANDS else None
-    parser = build_parser(only)
+    parser = _parsers.get(only)
+    if parser is None:
+        parser = _parsers[only] = build_parser(only)
     # A command's own parser takes what follows the command name.
     alone = only is not None and parser.prog != "dlbricks"
     args = parser.parse_args(argv[1:] if alone else argv)

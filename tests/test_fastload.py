@@ -336,6 +336,44 @@ def test_heads_from_fields_equal_pythons_on_random_plain_attributes(data):
     assert head == _python_head(op, version, fields)
 
 
+def test_schema_defaults_from_cpp_equal_pythons_for_every_schema_onnx_has():
+    # _schema_defaults canonicalises plain defaults from onnx's serialized bytes in C++;
+    # every default-domain schema version must give what the Python writer gives.
+    checked = 0
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain != "":
+            continue
+        expected = {}
+        for name, attr in schema.attributes.items():
+            default = attr.default_value
+            if default.type != onnx.AttributeProto.UNDEFINED:
+                expected[name] = digest._attr_body(default, digest._Scopes())
+        got = digest._schema_defaults.__wrapped__(schema.name, schema.since_version)
+        assert got == expected, (schema.name, schema.since_version)
+        checked += len(expected)
+    assert checked > 500
+
+
+@pytest.mark.parametrize(
+    "attribute, plain",
+    [
+        (h.make_attribute("alpha", 0.5), True),
+        (h.make_attribute("axes", [1, -2]), True),
+        (h.make_attribute("mode", "nearest"), True),
+        (h.make_attribute("value", nh.from_array(np.ones(2, np.float32))), False),
+        (onnx.AttributeProto(name="alpha", f=0.5), False),  # no type
+        (onnx.AttributeProto(type=onnx.AttributeProto.INT, i=1), False),  # no name
+    ],
+)
+def test_one_attribute_body_is_made_in_cpp_when_plain(attribute, plain):
+    body = _core.canonical_attribute_body(attribute.SerializeToString())
+    if plain:
+        assert body == digest._attr_body(attribute, digest._Scopes())
+    else:
+        assert body is None
+    assert _core.canonical_attribute_body(attribute.SerializeToString()[:-1] + b"\xff") is None  # malformed
+
+
 def test_an_attribute_at_its_schema_default_drops_out_of_the_head():
     bare = digest.make_head_from_fields("LeakyRelu", 16, b"")
     at_default = onnx.NodeProto(attribute=[h.make_attribute("alpha", 0.01)]).SerializeToString()

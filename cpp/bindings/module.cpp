@@ -383,6 +383,19 @@ PYBIND11_MODULE(_core, m) {
         "The attributes part of a layer head from a node's serialized attribute fields, or None "
         "when an attribute is not plain (Python canonicalises those).");
 
+    m.def(
+        "canonical_attribute_body",
+        [](py::buffer data) -> py::object {
+            py::buffer_info info;
+            Bytes b = view_bytes(data, info);
+            std::optional<std::string> out = canonical_attribute_body(b.data, b.size);
+            if (!out) return py::none();
+            return py::bytes(*out);
+        },
+        py::arg("attribute"),
+        "The canonical body (type, reference flag, value) of one serialized AttributeProto, or "
+        "None when it is not plain (Python canonicalises those).");
+
     py::register_exception<WireError>(m, "WireError", PyExc_ValueError);
     py::class_<HeadTable>(m, "HeadTable")
         .def(py::init<std::size_t, std::size_t>(), py::arg("max_entries") = 1 << 14, py::arg("max_bytes") = 64 << 20)

@@ -723,6 +723,17 @@ std::optional<std::string> canonical_attributes(const std::uint8_t* d, std::size
     return out;
 }
 
+std::optional<std::string> canonical_attribute_body(const std::uint8_t* d, std::size_t size) {
+    ScanSpan name;
+    std::string body;
+    try {
+        if (!attribute_body(d, ScanSpan{0, size}, name, body)) return std::nullopt;
+    } catch (const WireError&) {
+        return std::nullopt;  // Python's parser reports it
+    }
+    return body;
+}
+
 void OnnxScan::set_head(std::int32_t head, std::string canonical, HeadTable& table) {
     if (head < 0 || static_cast<std::size_t>(head) >= heads_.size()) throw std::out_of_range("set_head: no such head");
     std::string& key = pending_keys_[static_cast<std::size_t>(head)];

@@ -392,6 +392,17 @@ def _schema_defaults(op_type: str, op_version: int) -> dict[str, bytes]:
         return {}
     out: dict[str, bytes] = {}
     for name, attr in schema.attributes.items():
+        # onnx keeps each default serialized (``default_value`` parses it in Python):
+        # plain ones are canonicalised from those bytes in C++ (the defaults of the
+        # light models' 18 ops: 0.62 -> 0.37 ms, fresh processes). Empty: no default.
+        raw = getattr(attr, "_default_value", None)
+        if raw is not None:
+            if not raw:
+                continue
+            body = _core.canonical_attribute_body(raw)
+            if body is not None:
+                out[name] = body
+                continue
         default = attr.default_value
         if default.type != AttributeProto.UNDEFINED:
             out[name] = _attr_body(default, _Scopes())

@@ -150,6 +150,11 @@ struct ScanResult {
 std::optional<std::string> canonical_attributes(const std::uint8_t* data, std::size_t size,
                                                 const std::unordered_map<std::string, std::string>* defaults);
 
+/// The canonical body of one serialized AttributeProto (digest._attr_body: type tag,
+/// reference flag, value) when it is plain, as canonical_attributes defines it; nullopt
+/// otherwise. For schema defaults, which onnx keeps serialized. Cost: O(bytes).
+std::optional<std::string> canonical_attribute_body(const std::uint8_t* data, std::size_t size);
+
 class OnnxScan {
 public:
     /// Parses the model's structure from `size` bytes at `data` (not kept: every later

@@ -125,6 +125,10 @@ def canonical_attributes(attribute_fields: _Buffer, defaults: Mapping[str, bytes
     """The attributes part of a layer head from serialized attribute fields; None when
     an attribute is not plain (see digest.make_head_from_fields)."""
 
+def canonical_attribute_body(attribute: _Buffer) -> bytes | None:
+    """The canonical body (type, reference flag, value) of one serialized AttributeProto;
+    None when it is not plain (see digest._schema_defaults)."""
+
 class _ScanResult(TypedDict, total=False):
     fallback: str  # always present; the other keys only when it is ""
     output_types: list[tuple[int, tuple[int, ...]]]

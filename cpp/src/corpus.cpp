@@ -133,7 +133,7 @@ public:
                 inserted = true;
                 return s;
             }
-            if (s.check == check && s.size == n && std::memcmp(key_of(s), key, n) == 0) {
+            if (s.check == check && s.size == n && bytes_equal(key_of(s), key, n)) {
                 inserted = false;
                 return s;
             }

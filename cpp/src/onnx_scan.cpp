@@ -447,7 +447,7 @@ std::int32_t BytesIndex::intern(const char* p, std::size_t n, bool& inserted) {
     for (; slots_[j].id >= 0; j = (j + 1) & mask) {
         if (slots_[j].check != check) continue;
         const std::string_view have = key(slots_[j].id);
-        if (have.size() == n && (n == 0 || std::memcmp(have.data(), p, n) == 0)) {
+        if (have.size() == n && bytes_equal(have.data(), p, n)) {
             inserted = false;
             return slots_[j].id;
         }
@@ -469,7 +469,7 @@ std::int32_t BytesIndex::find(const char* p, std::size_t n) const {
     for (std::size_t j = h & mask; slots_[j].id >= 0; j = (j + 1) & mask) {
         if (slots_[j].check != check) continue;
         const std::string_view have = key(slots_[j].id);
-        if (have.size() == n && (n == 0 || std::memcmp(have.data(), p, n) == 0)) return slots_[j].id;
+        if (have.size() == n && bytes_equal(have.data(), p, n)) return slots_[j].id;
     }
     return -1;
 }
@@ -1299,7 +1299,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                 const std::int32_t id = outs[next_slot++];
                 if (id < 0) continue;
                 const std::string_view have = name(id);
-                if (have.size() == n && std::memcmp(have.data(), p, n) == 0) return id;
+                if (have.size() == n && bytes_equal(have.data(), p, n)) return id;
             }
             next_node = node_was;
             next_slot = slot_was;

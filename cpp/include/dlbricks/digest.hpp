@@ -38,6 +38,27 @@ struct Digest128Hash {
     }
 };
 
+/// Whether `n` bytes at `a` and at `b` are equal. Inline word compares: hash tables
+/// compare short keys (tensor names, ~25 bytes) once per lookup, where a call to
+/// memcmp costs more than the compare. Cost: O(n).
+inline bool bytes_equal(const void* a, const void* b, std::size_t n) {
+    const auto* x = static_cast<const unsigned char*>(a);
+    const auto* y = static_cast<const unsigned char*>(b);
+    auto word = [](const unsigned char* p) {
+        std::uint64_t w;
+        std::memcpy(&w, p, 8);
+        return w;
+    };
+    if (n >= 8) {
+        for (std::size_t k = 0; k + 8 < n; k += 8)
+            if (word(x + k) != word(y + k)) return false;
+        return word(x + n - 8) == word(y + n - 8);  // the last 8 bytes (may overlap)
+    }
+    for (std::size_t k = 0; k < n; ++k)
+        if (x[k] != y[k]) return false;
+    return true;
+}
+
 /// A fast non-cryptographic 64-bit hash of a byte string, for hash tables that compare
 /// the keys themselves on a match (never for identity, never stored). Two
 /// multiply-xorshift lanes over alternate 8-byte words, so that the two multiply chains

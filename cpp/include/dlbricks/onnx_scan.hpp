@@ -48,7 +48,7 @@ public:
     bool holds(std::int64_t id, const char* p, std::size_t n) const {
         if (id < 0 || static_cast<std::uint64_t>(id) >= size()) return false;
         const std::string_view k = key(static_cast<std::int32_t>(id));
-        return k.size() == n && (n == 0 || std::memcmp(k.data(), p, n) == 0);
+        return k.size() == n && bytes_equal(k.data(), p, n);
     }
     std::string_view key(std::int32_t id) const {
         const auto i = static_cast<std::size_t>(id);

@@ -78,6 +78,38 @@ def test_fast_and_full_loaders_agree_on_every_model_onnx_ships():
     assert fast_count >= 100
 
 
+@pytest.mark.parametrize("length", [1, 7, 8, 9, 16, 23, 24, 25, 40])
+def test_names_that_differ_in_one_byte_anywhere_stay_apart(length):
+    # The scanner compares names word by word, and compares some with a predicted
+    # name instead of looking them up (initializers: the last one's id plus the last
+    # step, which misses when they are listed out of order). Weights whose names differ
+    # in a single byte, at any position, listed shuffled, keep their own shapes.
+    import random
+
+    def one_off(at: int, base: str = "n", mark: str = "m") -> str:
+        name = [base] * length
+        name[at] = mark
+        return "".join(name)
+
+    weights = [one_off(at) for at in range(length)]
+    shapes = [[4], [1, 4], [1, 1], [1]]
+    acts = ["x", *(one_off(at, "q", "p") for at in range(length))]
+    nodes = [h.make_node("Add", [a, w], [b]) for a, w, b in zip(acts, weights, acts[1:])]
+    inits = [nh.from_array(np.ones(shapes[i % 4], np.float32), w) for i, w in enumerate(weights)]
+    random.Random(length).shuffle(inits)
+    proto = h.make_model(
+        h.make_graph(nodes, "g", [h.make_tensor_value_info("x", F, [1, 4])],
+                     [h.make_tensor_value_info(acts[-1], F, [1, 4])], initializer=inits),
+        opset_imports=[h.make_opsetid("", 17)],
+    )
+    assert _core.OnnxScan(proto.SerializeToString()).fallback == ""
+    fast, full = onnx_io.load(proto), full_load(proto)
+    assert is_fast(fast) and fast.n_layers == len(nodes)
+    assert_same(fast, full)
+    if length >= 4:
+        assert len(set(map(bytes, fast.digests))) == 4  # one layer per weight shape
+
+
 @pytest.mark.parametrize("path", sorted((DATA / "light").glob("*.onnx")), ids=lambda p: p.stem)
 def test_the_light_models_take_the_fast_path_and_stay_lazy(path):
     model = onnx_io.load(path)

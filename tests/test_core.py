@@ -639,6 +639,31 @@ def test_sequence_digests_reject_bad_offsets(keys: bytes, offsets: list[int], me
         _core.sequence_digests(np.frombuffer(keys, np.uint8), np.array(offsets, np.int64))
 
 
+def _blake2b_128(b: bytes) -> bytes:
+    return hashlib.blake2b(b, digest_size=16).digest()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=600), st.integers(0, 5).map(lambda k: b"x" * (128 * k))),
+                max_size=13))
+def test_sequence_digests_are_blake2b_of_each_key_whatever_the_batch(messages: list[bytes]) -> None:
+    # Keys are hashed four at a time (one per vector lane) when the CPU allows, lanes
+    # of different lengths side by side; each digest must be BLAKE2b-128 of its key,
+    # including empty keys and keys of exactly k blocks.
+    offsets = np.array([0, *np.cumsum([len(m) for m in messages])], np.int64)
+    keys = np.frombuffer(b"".join(messages), np.uint8)
+    got = _core.sequence_digests(keys, offsets)
+    assert [bytes(d) for d in got] == [_blake2b_128(m) for m in messages]
+
+
+def test_sequence_digests_of_more_keys_than_one_batch() -> None:
+    rng = np.random.default_rng(5)
+    messages = [rng.bytes(int(n)) for n in rng.integers(0, 400, 2600)]  # batches of 1024
+    offsets = np.array([0, *np.cumsum([len(m) for m in messages])], np.int64)
+    got = _core.sequence_digests(np.frombuffer(b"".join(messages), np.uint8), offsets)
+    assert [bytes(d) for d in got] == [_blake2b_128(m) for m in messages]
+
+
 @SETTINGS
 @given(corpora, st.integers(1, 4))
 def test_occurrences_sum_to_the_number_of_sequences(graphs: list[Graph], G: int) -> None:

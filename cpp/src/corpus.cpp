@@ -159,14 +159,57 @@ private:
     std::vector<std::uint8_t> arena_;
 };
 
-// The digest of one compact sequence form: expanded into `scratch` (grown to the bound
-// of 16 + 16 bytes per compact byte) and hashed there.
-Digest128 compact_digest(const std::uint8_t* key, std::size_t size, const Digest128* digest_of_id, std::size_t n_ids,
-                         std::vector<std::uint8_t>& scratch) {
-    if (scratch.size() < 16 + 16 * size) scratch.resize(16 + 16 * size);
-    const std::uint8_t* end = expand_sequence_key(key, size, digest_of_id, n_ids, scratch.data());
-    return digest128(scratch.data(), static_cast<std::size_t>(end - scratch.data()));
-}
+// Digests of sequence keys, appended to `out` in the order they are added, a batch at a
+// time: the canonical keys (docs/core.md) of a batch lie in one buffer and are hashed
+// four at a time (blake2b128_jobs). A batch holds at most kBatch keys, so the scratch
+// stays small and in cache whatever the corpus.
+class DigestBatch {
+public:
+    explicit DigestBatch(std::vector<Digest128>& out) : out_(out) {}
+
+    /// A compact form, expanded here (the expander's errors are thrown as they are).
+    void add_compact(const std::uint8_t* key, std::size_t size, const Digest128* digest_of_id, std::size_t n_ids) {
+        Blake2bJob job = start_;
+        job.offset = bytes_.size();
+        bytes_.resize(job.offset + 16 + 16 * size);  // the expander's bound
+        auto* at = reinterpret_cast<std::uint8_t*>(bytes_.data()) + job.offset;
+        job.size = static_cast<std::size_t>(expand_sequence_key(key, size, digest_of_id, n_ids, at) - at);
+        bytes_.resize(job.offset + job.size);
+        push(job);
+    }
+    /// A canonical key as it is.
+    void add_key(const std::uint8_t* key, std::size_t size) {
+        Blake2bJob job = start_;
+        job.offset = bytes_.size();
+        job.size = size;
+        bytes_.append(reinterpret_cast<const char*>(key), size);
+        push(job);
+    }
+    /// Hashes what is left.
+    void flush() {
+        const std::size_t at = out_.size();
+        out_.resize(at + jobs_.size());
+        blake2b128_jobs(reinterpret_cast<const std::uint8_t*>(bytes_.data()), jobs_.data(), jobs_.size(), out_.data() + at);
+        jobs_.clear();
+        bytes_.clear();
+    }
+
+private:
+    static constexpr std::size_t kBatch = 1024;
+    void push(const Blake2bJob& job) {
+        jobs_.push_back(job);
+        if (jobs_.size() == kBatch) flush();
+    }
+    static Blake2bJob initial_job() {
+        std::string none;
+        return Blake2b128().job(none);  // a fresh hash has nothing buffered
+    }
+
+    std::vector<Digest128>& out_;
+    const Blake2bJob start_ = initial_job();
+    std::string bytes_;
+    std::vector<Blake2bJob> jobs_;
+};
 
 // Collects one model's sequences from split_sequences, then dedups them corpus-wide in
 // one pass. Two passes so that the table slots, prefetched while the split runs, are
@@ -181,7 +224,7 @@ Digest128 compact_digest(const std::uint8_t* key, std::size_t size, const Digest
 class CorpusSequences final : public SequenceSink {
 public:
     CorpusSequences(CorpusResult& r, bool digests, const std::vector<Digest128>& digest_of_id)
-        : r_(r), digests_(digests), digest_of_id_(digest_of_id) {
+        : r_(r), digests_(digests), digest_of_id_(digest_of_id), batch_(r.unique_seq_digests) {
         if (!digests_) r_.unique_seq_compact_offsets.push_back(0);
     }
 
@@ -211,8 +254,7 @@ public:
             if (inserted) {
                 ++n_seqs_;
                 if (digests_) {
-                    r_.unique_seq_digests.push_back(
-                        compact_digest(key, p.size, digest_of_id_.data(), digest_of_id_.size(), scratch_));
+                    batch_.add_compact(key, p.size, digest_of_id_.data(), digest_of_id_.size());
                 } else {
                     r_.unique_seq_compact.insert(r_.unique_seq_compact.end(), key, key + p.size);
                     r_.unique_seq_compact_offsets.push_back(static_cast<std::int64_t>(r_.unique_seq_compact.size()));
@@ -225,6 +267,7 @@ public:
             }
             r_.seq_ids.push_back(id);
         }
+        batch_.flush();  // the model's new sequences
     }
 
     /// After the last model: frees the index (the canonical keys are already out).
@@ -238,7 +281,7 @@ private:
     CorpusResult& r_;
     const bool digests_;
     const std::vector<Digest128>& digest_of_id_;  // grows as the corpus' layers are found
-    std::vector<std::uint8_t> scratch_;             // one canonical key, for its digest
+    DigestBatch batch_;                             // the model's new sequences, for their digests
     SequenceIndex index_;
     std::vector<Pending> pending_;
     std::vector<std::uint8_t> bytes_;
@@ -373,14 +416,17 @@ auto for_key(std::int64_t u, Step&& step) {
 std::vector<Digest128> compact_sequence_digests(const std::uint8_t* compact, const std::int64_t* offsets, std::int64_t n,
                                                 const Digest128* layer_digests, std::int64_t n_layers) {
     check_compact_offsets(offsets, n, n_layers);
-    std::vector<Digest128> out(static_cast<std::size_t>(n));
-    std::vector<std::uint8_t> scratch;
+    std::vector<Digest128> out;
+    out.reserve(static_cast<std::size_t>(n));
+    DigestBatch batch(out);
     for (std::int64_t u = 0; u < n; ++u) {
         const auto size = static_cast<std::size_t>(offsets[u + 1] - offsets[u]);
-        out[static_cast<std::size_t>(u)] = for_key(u, [&] {
-            return compact_digest(compact + offsets[u], size, layer_digests, static_cast<std::size_t>(n_layers), scratch);
+        for_key(u, [&] {
+            batch.add_compact(compact + offsets[u], size, layer_digests, static_cast<std::size_t>(n_layers));
+            return 0;
         });
     }
+    batch.flush();
     return out;
 }
 
@@ -408,10 +454,12 @@ std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_
 
 std::vector<Digest128> sequence_digests(const std::uint8_t* keys, const std::int64_t* offsets, std::int64_t n) {
     check_key_offsets(offsets, n);
-    std::vector<Digest128> out(static_cast<std::size_t>(n));
+    std::vector<Digest128> out;
+    out.reserve(static_cast<std::size_t>(n));
+    DigestBatch batch(out);
     for (std::int64_t u = 0; u < n; ++u)
-        out[static_cast<std::size_t>(u)] =
-            digest128(keys + offsets[u], static_cast<std::size_t>(offsets[u + 1] - offsets[u]));
+        batch.add_key(keys + offsets[u], static_cast<std::size_t>(offsets[u + 1] - offsets[u]));
+    batch.flush();
     return out;
 }
 

@@ -1544,14 +1544,18 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     std::vector<std::pair<std::int32_t, std::int32_t>> produced_by(names, {-1, -1});
     // Identical layers have identical canonical bytes: each distinct form is hashed once,
     // found by its compact key. BLAKE2b resumes from the state after the form's head
-    // (absorbed once per head), so a new form costs only its slots.
+    // (absorbed once per head), so a new form costs only its slots; the forms are hashed
+    // together after the loop (blake2b128_jobs: four at a time).
     BytesIndex forms;
-    std::vector<Digest128> form_digest;
+    std::vector<Blake2bJob> form_jobs;
+    std::string form_bytes;  // each new form's bytes after its head state
+    std::vector<std::int32_t> layer_form;
+    layer_form.reserve(n_layers);
     // The state after each used head (most heads belong to folded nodes: made on demand).
     std::vector<std::int32_t> head_state_at(heads_.size(), -1);
     std::vector<Blake2b128> head_states;
     head_states.reserve(std::min(heads_.size(), n_layers));
-    std::string key, tail;
+    std::string key;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         if (!is_layer[i]) continue;
         const Node& n = nodes_[i];
@@ -1582,15 +1586,18 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                 head_state_at[h] = static_cast<std::int32_t>(head_states.size());
                 head_states.emplace_back().update(heads_[h]->data(), heads_[h]->size());
             }
-            Blake2b128 hasher = head_states[static_cast<std::size_t>(head_state_at[h])];
-            tail.clear();
-            write_slots(n, true, tail);
-            hasher.update(tail.data(), tail.size());
-            form_digest.push_back(hasher.finish());
+            Blake2bJob job = head_states[static_cast<std::size_t>(head_state_at[h])].job(form_bytes);
+            write_slots(n, true, form_bytes);
+            job.size = form_bytes.size() - job.offset;
+            form_jobs.push_back(job);
         }
-        res.digests.push_back(form_digest[static_cast<std::size_t>(form)]);
+        layer_form.push_back(form);
         res.layer_op_keys.push_back(n.op_key);
     }
+    std::vector<Digest128> form_digest(form_jobs.size());
+    blake2b128_jobs(reinterpret_cast<const std::uint8_t*>(form_bytes.data()), form_jobs.data(), form_jobs.size(),
+                    form_digest.data());
+    for (std::int32_t form : layer_form) res.digests.push_back(form_digest[static_cast<std::size_t>(form)]);
     for (std::int32_t o : output_ids_) {
         const std::int32_t t = act[o] >= 0 ? act[o] : cid[o];
         if (t < 0) { res.fallback = "a graph output without a concrete type"; return res; }

@@ -101,6 +101,21 @@ inline std::uint64_t bytes_hash(const void* data, std::size_t n) {
     return h ^ (h >> 33);
 }
 
+/// One message of a batch for blake2b128_jobs: the chaining state and byte count of a
+/// BLAKE2b-128 hash so far, and the rest of the message, `size` bytes at `offset` of
+/// the batch's buffer, none of it compressed yet (Blake2b128::job makes one).
+struct Blake2bJob {
+    std::uint64_t h[8];
+    std::uint64_t counter = 0;
+    std::size_t offset = 0, size = 0;
+};
+
+/// Finishes every job: out[i] is the digest of job i's message, exactly what
+/// Blake2b128::update(rest) then finish() give. With AVX2 (checked at run time) four
+/// messages are compressed at once, one per 64-bit lane: one message's compressions
+/// depend on each other, different messages' do not. Cost: O(total bytes).
+void blake2b128_jobs(const std::uint8_t* buffer, const Blake2bJob* jobs, std::size_t n, Digest128* out);
+
 /// Incremental BLAKE2b-128. Precondition: none. Cost: O(bytes fed).
 class Blake2b128 {
 public:
@@ -109,6 +124,10 @@ public:
     void update_u32(std::uint32_t value);  // little-endian, fixed width
     void update_u64(std::uint64_t value);  // little-endian, fixed width
     Digest128 finish();
+    /// A job that continues this hash: appends the bytes fed but not compressed yet to
+    /// `buffer`, where the caller appends the rest of the message and sets the job's
+    /// size (buffer.size() - offset). Cost: O(128).
+    Blake2bJob job(std::string& buffer) const;
 
 private:
     void compress(const std::uint8_t* block, bool last);

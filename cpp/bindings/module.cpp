@@ -5,6 +5,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -395,6 +399,18 @@ PYBIND11_MODULE(_core, m) {
         py::arg("attribute"),
         "The canonical body (type, reference flag, value) of one serialized AttributeProto, or "
         "None when it is not plain (Python canonicalises those).");
+
+    m.def(
+        "disable_fastbins",
+        []() {
+#if defined(__GLIBC__) && defined(M_MXFAST)
+            return mallopt(M_MXFAST, 0) == 1;
+#else
+            return false;
+#endif
+        },
+        "Turns glibc's fastbins off for the process (mallopt(M_MXFAST, 0)); False where the C "
+        "library is not glibc or refuses.");
 
     py::register_exception<WireError>(m, "WireError", PyExc_ValueError);
     py::class_<HeadTable>(m, "HeadTable")

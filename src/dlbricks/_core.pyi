@@ -125,6 +125,10 @@ def canonical_attributes(attribute_fields: _Buffer, defaults: Mapping[str, bytes
     """The attributes part of a layer head from serialized attribute fields; None when
     an attribute is not plain (see digest.make_head_from_fields)."""
 
+def disable_fastbins() -> bool:
+    """Turns glibc's fastbins off for the process; False where the C library is not
+    glibc or refuses."""
+
 def canonical_attribute_body(attribute: _Buffer) -> bytes | None:
     """The canonical body (type, reference flag, value) of one serialized AttributeProto;
     None when it is not plain (see digest._schema_defaults)."""

@@ -544,13 +544,13 @@ std::vector<std::int32_t> OnnxScan::resolve_heads(const std::uint8_t* d, std::si
     for (const auto& t : inits_) is_const[t.name] = 1;
     for (const Node& n : nodes_) {
         bool all_const = true;
-        for (std::int32_t t : n.ins)
+        for (std::int32_t t : n.ins())
             if (t >= 0 && !is_const[t]) { all_const = false; break; }
         if (!all_const) {
             needed[n.head] = 1;
             continue;
         }
-        for (std::int32_t o : n.outs)
+        for (std::int32_t o : n.outs())
             if (o >= 0) is_const[o] = 1;
     }
     heads_.assign(head_node.size(), nullptr);
@@ -819,7 +819,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
             case graph_f::node: {
                 Node& node = nodes_.emplace_back();  // filled in place
                 node.span = f.whole;
-                node.ins_at = static_cast<std::uint32_t>(pool_.size());
+                const std::size_t ins_at = pool_.size();
                 ScanSpan op_span, op_whole, domain_span;
                 attr_whole.clear();
                 attrs.clear();
@@ -1003,9 +1003,8 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                         }
                     }
                 }
-                node.ins.n = pool_.size() - node.ins_at;
-                node.outs_at = static_cast<std::uint32_t>(pool_.size());
-                node.outs.n = node_outs.size();
+                node.n_ins = static_cast<std::uint32_t>(pool_.size() - ins_at);
+                node.n_outs = static_cast<std::uint32_t>(node_outs.size());
                 pool_.insert(pool_.end(), node_outs.begin(), node_outs.end());
                 break;
             }
@@ -1058,10 +1057,14 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
             default: break;
         }
     }
-    // The pool is complete: point every node's id lists into it.
+    // The pool is complete: point every node's id lists into it (each node's inputs
+    // then outputs, node after node).
+    std::size_t at = 0;
     for (Node& n : nodes_) {
-        n.ins.p = pool_.data() + n.ins_at;
-        n.outs.p = pool_.data() + n.outs_at;
+        n.ins_p = pool_.data() + at;
+        at += n.n_ins;
+        n.outs_p = pool_.data() + at;
+        at += n.n_outs;
     }
     if (!fallback.empty()) return;
     if (nodes_.empty()) { fallback = "no nodes"; return; }
@@ -1116,14 +1119,14 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
     }
     std::vector<std::int32_t> producer(n_names(), -1);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
-        for (std::int32_t o : nodes_[i].outs) {
+        for (std::int32_t o : nodes_[i].outs()) {
             if (o < 0) continue;
             if (producer[o] >= 0 || defined[o]) { fallback = "a tensor defined twice"; return; }
             producer[o] = static_cast<std::int32_t>(i);
         }
     }
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
-        for (std::int32_t t : nodes_[i].ins) {
+        for (std::int32_t t : nodes_[i].ins()) {
             if (t < 0) continue;
             if (producer[t] < 0 && !defined[t]) { fallback = "a read of an undefined tensor"; return; }
             if (producer[t] >= static_cast<std::int32_t>(i)) { fallback = "nodes not in topological order"; return; }
@@ -1171,11 +1174,11 @@ std::vector<std::string_view> OnnxScan::light_model_pieces(const std::uint8_t* d
         else put_len_field(ins, graph_f::input, value_info(std::string(name(t.name)), t.type.elem_type, &t.type.shape));
     }
     for (const auto& n : nodes_) {
-        if (n.is_constant && extras_[n.extra].const_typed && !n.outs.empty() && n.outs[0] >= 0) {
+        if (n.is_constant && extras_[n.extra].const_typed && !n.outs().empty() && n.outs()[0] >= 0) {
             const ScanTensorType& ct = extras_[n.extra].const_type;
             const std::int64_t b = nbytes(ct);
             if (b < 0 || b > kInlineBytes) {
-                put_len_field(ins, graph_f::input, value_info(std::string(name(n.outs[0])), ct.elem_type, &ct.shape));
+                put_len_field(ins, graph_f::input, value_info(std::string(name(n.outs()[0])), ct.elem_type, &ct.shape));
                 continue;
             }
         }
@@ -1290,7 +1293,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         auto predicted = [&](const char* p, std::size_t n) -> std::int32_t {
             const std::size_t node_was = next_node, slot_was = next_slot;  // kept on a miss
             for (int tries = 0; tries < 4 && next_node < nodes_.size(); ++tries) {
-                const Ids outs = nodes_[next_node].outs;
+                const Ids outs = nodes_[next_node].outs();
                 if (next_slot >= outs.size()) {
                     ++next_node;
                     next_slot = 0;
@@ -1366,10 +1369,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     std::vector<std::int32_t> init_of(names, -1), const_node_of(names, -1);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         const Node& n = nodes_[i];
-        if (n.is_constant && extras_[n.extra].const_typed && !n.outs.empty() && n.outs[0] >= 0) {
+        if (n.is_constant && extras_[n.extra].const_typed && !n.outs().empty() && n.outs()[0] >= 0) {
             const ScanTensorType& ct = extras_[n.extra].const_type;
-            const_node_of[n.outs[0]] = static_cast<std::int32_t>(i);
-            cid[n.outs[0]] = ct.elem_type ? tt.intern(ct) : -1;
+            const_node_of[n.outs()[0]] = static_cast<std::int32_t>(i);
+            cid[n.outs()[0]] = ct.elem_type ? tt.intern(ct) : -1;
         }
     }
     for (std::size_t k = 0; k < inits_.size(); ++k) {
@@ -1392,16 +1395,16 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     for (const auto& t : inits_) is_const[t.name] = 1;
     for (std::int32_t o : output_ids_) used[o] = 1;
     for (const auto& n : nodes_)
-        for (std::int32_t t : n.ins)
+        for (std::int32_t t : n.ins())
             if (t >= 0) used[t] = 1;
     std::vector<char> is_layer(nodes_.size(), 0);
     std::size_t n_layers = 0;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         const Node& n = nodes_[i];
-        if ((n.is_shape || n.is_size) && !n.ins.empty() && n.ins[0] >= 0 && !n.outs.empty() && n.outs[0] >= 0 &&
-            cid[n.ins[0]] >= 0) {
-            const ScanTensorType& t = tt.types[cid[n.ins[0]]];
-            const std::int32_t o = n.outs[0];
+        if ((n.is_shape || n.is_size) && !n.ins().empty() && n.ins()[0] >= 0 && !n.outs().empty() && n.outs()[0] >= 0 &&
+            cid[n.ins()[0]] >= 0) {
+            const ScanTensorType& t = tt.types[cid[n.ins()[0]]];
+            const std::int32_t o = n.outs()[0];
             std::vector<std::int64_t> v;
             if (n.is_size) {
                 v.push_back(numel(t.shape));
@@ -1425,10 +1428,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             continue;
         }
         bool all_const = true;
-        for (std::int32_t t : n.ins)
+        for (std::int32_t t : n.ins())
             if (t >= 0 && !is_const[t]) { all_const = false; break; }
         if (all_const) {
-            for (std::int32_t o : n.outs)
+            for (std::int32_t o : n.outs())
                 if (o >= 0) is_const[o] = 1;
         } else {
             is_layer[i] = 1;
@@ -1497,10 +1500,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             while (k && ids[k - 1] < 0) --k;
             return k;
         };
-        const std::size_t n_in = present(n.ins);
+        const std::size_t n_in = present(n.ins());
         put_u32(out, static_cast<std::uint32_t>(n_in));
         for (std::size_t slot = 0; slot < n_in; ++slot) {
-            const std::int32_t t = n.ins[slot];
+            const std::int32_t t = n.ins()[slot];
             if (t < 0) { out.push_back(0); continue; }
             if (is_const[t]) {
                 const std::int32_t c = cid[t];
@@ -1522,10 +1525,10 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             out.push_back(1);
             put_type(a);
         }
-        const std::size_t n_out = present(n.outs);
+        const std::size_t n_out = present(n.outs());
         put_u32(out, static_cast<std::uint32_t>(n_out));
         for (std::size_t slot = 0; slot < n_out; ++slot) {
-            const std::int32_t t = n.outs[slot];
+            const std::int32_t t = n.outs()[slot];
             if (t < 0) { out.push_back(0); continue; }
             const std::int32_t o = cid[t];
             if (o < 0) {
@@ -1563,8 +1566,8 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         key.clear();
         put_u32(key, static_cast<std::uint32_t>(n.head));
         if (const char* why = write_slots(n, false, key)) { res.fallback = why; return res; }
-        for (std::size_t slot = 0; slot < n.ins.size(); ++slot) {
-            const std::int32_t t = n.ins[slot];
+        for (std::size_t slot = 0; slot < n.ins().size(); ++slot) {
+            const std::int32_t t = n.ins()[slot];
             if (t < 0 || is_const[t]) continue;
             const auto& p = produced_by[t];
             if (p.first < 0) continue;  // a graph input
@@ -1573,8 +1576,8 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             res.edge_dst.push_back(idx);
             res.edge_dst_slot.push_back(static_cast<std::int32_t>(slot));
         }
-        for (std::size_t slot = 0; slot < n.outs.size(); ++slot)
-            if (n.outs[slot] >= 0) produced_by[n.outs[slot]] = {idx, static_cast<std::int32_t>(slot)};
+        for (std::size_t slot = 0; slot < n.outs().size(); ++slot)
+            if (n.outs()[slot] >= 0) produced_by[n.outs()[slot]] = {idx, static_cast<std::int32_t>(slot)};
         res.layer_names.append(reinterpret_cast<const char*>(d + n.name.begin), n.name.end <= size ? n.name.size() : 0);
         res.layer_name_ends.push_back(static_cast<std::int64_t>(res.layer_names.size()));
         bool new_form;

@@ -226,8 +226,13 @@ public:
         // initialization of an aggregate first zeroes the whole node (a `rep stos`, ~9%
         // of the scan).
         Node() {}  // NOLINT(modernize-use-equals-default)
-        Ids ins, outs;
-        std::uint32_t ins_at = 0, outs_at = 0;  // offsets into the pool while parsing
+        Ids ins() const { return Ids{ins_p, n_ins}; }
+        Ids outs() const { return Ids{outs_p, n_outs}; }
+        // Views into the scan's id pool, set once it is complete (a node is 72 bytes:
+        // the scan writes and finish reads one per node, ~4,000 for the light models).
+        const std::int32_t* ins_p = nullptr;
+        const std::int32_t* outs_p = nullptr;
+        std::uint32_t n_ins = 0, n_outs = 0;
         std::int32_t op_key = 0, head = 0;
         ScanSpan span;
         ScanSpan name;  // the node's name (may be empty)

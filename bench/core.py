@@ -1,6 +1,6 @@
 """Speed and memory of the C++ core on a synthetic architecture-search corpus.
 
-Usage: python bench/core.py [--sizes 10000,100000,1000000] [--repeat 5] [--analyze-repeat 3]
+Usage: python bench/core.py [--sizes 10000,100000,1000000] [--repeat 5] [--analyze-repeat 15]
        [--oneshot-repeat 9] [-o out.json]
 
 The corpus: models of 80-120 layers drawn from 30 layer kinds (4 widths each), mostly
@@ -549,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--analyze-repeat", type=int, default=3, help="timed runs of dlbricks analyze")
+    # A run takes ~40 ms and this machine's speed drifts from run to run: 15 split runs
+    # (and 15 breakdown runs between them) cost about a second and give quartiles.
+    parser.add_argument("--analyze-repeat", type=int, default=15, help="timed runs of dlbricks analyze")
     parser.add_argument("-o", "--output", help="also write the JSON object here")
     parser.add_argument("--oneshot-repeat", type=int, default=9, help="fresh processes running dlbricks analyze once")
     parser.add_argument("--memory-child", nargs=2, metavar=("FOLDER", "MODE"), help=argparse.SUPPRESS)

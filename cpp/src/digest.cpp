@@ -93,12 +93,10 @@ Digest128 digest_of(const std::uint64_t* h) {
 // and the only one when there are no bytes at all) with the final flag.
 std::size_t n_blocks(const Blake2bJob& job) { return job.size == 0 ? 1 : (job.size + 127) / 128; }
 
-void finish_job(const std::uint8_t* buffer, const Blake2bJob& job, Digest128& out) {
-    std::uint64_t h[8];
-    std::memcpy(h, job.h, sizeof h);
-    std::uint64_t counter = job.counter;
-    const std::uint8_t* p = buffer + job.offset;
-    std::size_t left = job.size;
+// The digest of a message whose first `counter` bytes chaining state h has absorbed
+// and whose rest is `left` bytes at p, none compressed yet: the blocks n_blocks counts,
+// the last zero-padded with the final flag. h is used up.
+Digest128 finish_message(std::uint64_t* h, std::uint64_t counter, const std::uint8_t* p, std::size_t left) {
     for (; left > 128; left -= 128, p += 128) {
         counter += 128;
         compress_block(h, p, counter, false);
@@ -106,7 +104,13 @@ void finish_job(const std::uint8_t* buffer, const Blake2bJob& job, Digest128& ou
     std::uint8_t last[128] = {};
     if (left) std::memcpy(last, p, left);
     compress_block(h, last, counter + left, true);
-    out = digest_of(h);
+    return digest_of(h);
+}
+
+void finish_job(const std::uint8_t* buffer, const Blake2bJob& job, Digest128& out) {
+    std::uint64_t h[8];
+    std::memcpy(h, job.h, sizeof h);
+    out = finish_message(h, job.counter, buffer + job.offset, job.size);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -246,8 +250,6 @@ Blake2b128::Blake2b128() {
     h_[0] ^= 0x01010000ULL ^ kOutBytes;
 }
 
-void Blake2b128::compress(const std::uint8_t* block, bool last) { compress_block(h_, block, counter_, last); }
-
 Blake2bJob Blake2b128::job(std::string& buffer) const {
     Blake2bJob j;
     std::memcpy(j.h, h_, sizeof j.h);
@@ -280,7 +282,7 @@ void Blake2b128::update(const void* data, std::size_t size) {
         // only compressed once more input arrives.
         if (buffered_ == sizeof buffer_) {
             counter_ += sizeof buffer_;
-            compress(buffer_, false);
+            compress_block(h_, buffer_, counter_, false);
             buffered_ = 0;
         }
         std::size_t take = sizeof buffer_ - buffered_;
@@ -304,15 +306,7 @@ void Blake2b128::update_u64(std::uint64_t value) {
     update(b, 8);
 }
 
-Digest128 Blake2b128::finish() {
-    counter_ += buffered_;
-    std::memset(buffer_ + buffered_, 0, sizeof buffer_ - buffered_);
-    compress(buffer_, true);
-    Digest128 out;
-    for (std::size_t i = 0; i < kOutBytes; ++i)
-        out.bytes[i] = static_cast<std::uint8_t>(h_[i / 8] >> (8 * (i % 8)));
-    return out;
-}
+Digest128 Blake2b128::finish() { return finish_message(h_, counter_, buffer_, buffered_); }
 
 Digest128 digest128(const void* data, std::size_t size) {
     Blake2b128 h;

@@ -130,8 +130,6 @@ public:
     Blake2bJob job(std::string& buffer) const;
 
 private:
-    void compress(const std::uint8_t* block, bool last);
-
     std::uint64_t h_[8];
     std::uint64_t counter_ = 0;  // bytes compressed so far (inputs < 2^64 bytes)
     std::uint8_t buffer_[128];

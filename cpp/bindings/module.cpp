@@ -181,6 +181,18 @@ std::int64_t keys_of(const Array<std::uint8_t>& bytes, const Array<std::int64_t>
     return n;
 }
 
+// Checks compact sequence forms (dedup_corpus without digests) and the corpus' unique
+// layer digests, then runs `convert` on them with the GIL released:
+// convert(compact, offsets, n, layer_digests, n_layers), as the core's functions take them.
+template <class Convert>
+auto on_compact_forms(const Array<std::uint8_t>& compact, const Array<std::int64_t>& offsets,
+                      const Array<std::uint8_t>& layer_digests, Convert convert) {
+    const std::int64_t n = keys_of(compact, offsets, "compact", "offsets");
+    const Digest128* layers = digest_rows(layer_digests, "layer_digests");
+    py::gil_scoped_release release;
+    return convert(compact.data(), offsets.data(), n, layers, static_cast<std::int64_t>(layer_digests.shape(0)));
+}
+
 // Both dedup entry points: one dict per G (the single-G one takes the first), all
 // sharing the same layer arrays.
 py::list dedup_to_dicts(Array<std::int64_t> node_offsets, Array<std::int64_t> edge_offsets, Array<std::uint8_t> digests,
@@ -311,14 +323,7 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "compact_sequence_digests",
         [](Array<std::uint8_t> compact, Array<std::int64_t> offsets, Array<std::uint8_t> layer_digests) {
-            const std::int64_t n = keys_of(compact, offsets, "compact", "offsets");
-            const Digest128* layers = digest_rows(layer_digests, "layer_digests");
-            std::vector<Digest128> out;
-            {
-                py::gil_scoped_release release;
-                out = compact_sequence_digests(compact.data(), offsets.data(), n, layers, layer_digests.shape(0));
-            }
-            return digests_to_numpy(std::move(out));
+            return digests_to_numpy(on_compact_forms(compact, offsets, layer_digests, compact_sequence_digests));
         },
         py::arg("compact"), py::arg("offsets"), py::arg("layer_digests"),
         "Sequence digests straight from the compact forms dedup_corpus(..., sequence_digests=False) returns.");
@@ -326,13 +331,7 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "expand_sequence_keys",
         [](Array<std::uint8_t> compact, Array<std::int64_t> offsets, Array<std::uint8_t> layer_digests) {
-            const std::int64_t n = keys_of(compact, offsets, "compact", "offsets");
-            const Digest128* layers = digest_rows(layer_digests, "layer_digests");
-            std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> out;
-            {
-                py::gil_scoped_release release;
-                out = expand_sequence_keys(compact.data(), offsets.data(), n, layers, layer_digests.shape(0));
-            }
+            auto out = on_compact_forms(compact, offsets, layer_digests, expand_sequence_keys);
             return py::make_tuple(to_numpy(std::move(out.first)), to_numpy(std::move(out.second)));
         },
         py::arg("compact"), py::arg("offsets"), py::arg("layer_digests"),

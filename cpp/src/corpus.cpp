@@ -171,7 +171,7 @@ public:
     void add_compact(const std::uint8_t* key, std::size_t size, const Digest128* digest_of_id, std::size_t n_ids) {
         Blake2bJob job = start_;
         job.offset = bytes_.size();
-        bytes_.resize(job.offset + 16 + 16 * size);  // the expander's bound
+        bytes_.resize(job.offset + expanded_key_bound(size));
         auto* at = reinterpret_cast<std::uint8_t*>(bytes_.data()) + job.offset;
         job.size = static_cast<std::size_t>(expand_sequence_key(key, size, digest_of_id, n_ids, at) - at);
         bytes_.resize(job.offset + job.size);
@@ -441,7 +441,8 @@ std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>> expand_sequence_
     std::size_t used = 0;
     for (std::int64_t u = 0; u < n; ++u) {
         const auto size = static_cast<std::size_t>(offsets[u + 1] - offsets[u]);
-        if (keys.size() < used + 16 + 16 * size) keys.resize(std::max(2 * keys.size(), used + 16 + 16 * size));
+        const std::size_t need = used + expanded_key_bound(size);
+        if (keys.size() < need) keys.resize(std::max(2 * keys.size(), need));
         used = static_cast<std::size_t>(for_key(u, [&] {
                    return expand_sequence_key(compact + offsets[u], size, layer_digests,
                                               static_cast<std::size_t>(n_layers), keys.data() + used);

@@ -23,6 +23,13 @@ inline std::uint8_t* put_le32(std::uint8_t* p, std::uint32_t x) {
     return p + 4;
 }
 
+// Writes the magic and version that begin every canonical sequence key at p; returns
+// the end (12 bytes on).
+inline std::uint8_t* put_key_header(std::uint8_t* p) {
+    std::memcpy(p, "DLBSEQ\0\0", 8);
+    return put_le32(p + 8, kSequenceDigestVersion);
+}
+
 // Writes x as a LEB128 varint (1 to 5 bytes) at p; returns the end.
 inline std::uint8_t* put_varint32(std::uint8_t* p, std::uint32_t x) {
     while (x >= 0x80) {
@@ -173,9 +180,8 @@ std::uint8_t* expand_sequence_key(const std::uint8_t* key, std::size_t size, con
             if (b < 0x80) return x;
         }
     };
-    std::memcpy(out, "DLBSEQ\0\0", 8);
     const std::uint32_t n_members = word();
-    std::uint8_t* p = put_le32(put_le32(out + 8, kSequenceDigestVersion), n_members);
+    std::uint8_t* p = put_le32(put_key_header(out), n_members);
     for (std::uint32_t k = 0; k < n_members; ++k, p += 16) {
         const std::uint32_t id = word();
         if (id >= n_ids)
@@ -230,11 +236,7 @@ Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vecto
     auto begin_key = [&](std::size_t need, std::uint32_t n_members) {
         need += need / 4 + 16;  // room for varints (5 bytes per 4-byte word at most)
         if (bytes.size() < need) bytes.resize(need);
-        std::uint8_t* p = bytes.data();
-        if (!compact) {
-            std::memcpy(p, "DLBSEQ\0\0", 8);
-            p = put_le32(p + 8, kSequenceDigestVersion);
-        }
+        std::uint8_t* p = compact ? bytes.data() : put_key_header(bytes.data());
         return put_word(p, n_members);
     };
     // A member: its digest, or its id in the compact form.

@@ -88,11 +88,15 @@ protected:
 Split split_sequences(const GraphView& g, const Adjacency& adj, const std::vector<std::int32_t>& order,
                       int G, SequenceSink* sink = nullptr, const std::int32_t* member_ids = nullptr);
 
+/// The most bytes expand_sequence_key writes for a compact form of `size` bytes: the
+/// 12-byte header, and 16 bytes (a digest) at most per byte of the form.
+constexpr std::size_t expanded_key_bound(std::size_t size) { return 16 + 16 * size; }
+
 /// Writes at `out` the canonical bytes of the sequence whose compact form (see
 /// split_sequences) is [key, key + size); digest_of_id[id] (id < n_ids) is the digest of
-/// member id. Returns the end of what it wrote: at most 16 + 16 * size bytes, which
-/// `out` must have room for. Throws std::invalid_argument on a malformed form or an id
-/// out of range. Cost: O(size).
+/// member id. Returns the end of what it wrote: at most expanded_key_bound(size)
+/// bytes, which `out` must have room for. Throws std::invalid_argument on a malformed
+/// form or an id out of range. Cost: O(size).
 std::uint8_t* expand_sequence_key(const std::uint8_t* key, std::size_t size, const Digest128* digest_of_id,
                                   std::size_t n_ids, std::uint8_t* out);
 

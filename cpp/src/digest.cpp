@@ -250,12 +250,11 @@ Blake2b128::Blake2b128() {
     h_[0] ^= 0x01010000ULL ^ kOutBytes;
 }
 
-Blake2bJob Blake2b128::job(std::string& buffer) const {
+Blake2bJob Blake2b128::job_at(std::size_t offset) const {
     Blake2bJob j;
     std::memcpy(j.h, h_, sizeof j.h);
     j.counter = counter_;
-    j.offset = buffer.size();
-    buffer.append(reinterpret_cast<const char*>(buffer_), buffered_);
+    j.offset = offset;
     j.size = buffered_;
     return j;
 }

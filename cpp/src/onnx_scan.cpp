@@ -296,21 +296,60 @@ std::string value_info(const std::string& name, std::int32_t elem, const std::ve
     return vi;
 }
 
+// A growable byte buffer for the bytes finish() writes per layer and per type (compact
+// keys, canonical forms, type keys). Its appends are inline: a capacity check, then a
+// copy that the compiler turns into one store for the 4- and 8-byte integers of the
+// canonical form. std::string::append is an out-of-line call (and a memmove call) per
+// integer, which was a sixth of finish()'s time.
+class ByteBuffer {
+public:
+    void clear() { size_ = 0; }
+    std::size_t size() const { return size_; }
+    const char* data() const { return data_.get(); }
+    __attribute__((always_inline)) void append(const char* p, std::size_t n) {
+        if (__builtin_expect(n > capacity_ - size_, 0)) grow(n);
+        std::memcpy(data_.get() + size_, p, n);
+        size_ += n;
+    }
+    void push_back(char c) {
+        if (size_ == capacity_) grow(1);
+        data_[size_++] = c;
+    }
+    ByteBuffer& operator+=(std::string_view s) {
+        append(s.data(), s.size());
+        return *this;
+    }
+
+private:
+    __attribute__((noinline)) void grow(std::size_t n) {
+        const std::size_t capacity = std::max<std::size_t>({256, 2 * capacity_, size_ + n});
+        std::unique_ptr<char[]> data(new char[capacity]);
+        if (size_) std::memcpy(data.get(), data_.get(), size_);
+        data_.swap(data);
+        capacity_ = capacity;
+    }
+    std::unique_ptr<char[]> data_;
+    std::size_t size_ = 0, capacity_ = 0;
+};
+
 // Little-endian, appended in one go: byte-by-byte push_back checks capacity per byte
-// and was a third of finish()'s own time.
-void put_u32(std::string& out, std::uint32_t v) {
+// and was a third of finish()'s own time. `Out`: std::string or ByteBuffer.
+template <class Out>
+__attribute__((always_inline)) inline void put_u32(Out& out, std::uint32_t v) {
     char b[4];
     for (int k = 0; k < 4; ++k) b[k] = static_cast<char>((v >> (8 * k)) & 0xff);
     out.append(b, 4);
 }
-void put_u64(std::string& out, std::uint64_t v) {
+template <class Out>
+__attribute__((always_inline)) inline void put_u64(Out& out, std::uint64_t v) {
     char b[8];
     for (int k = 0; k < 8; ++k) b[k] = static_cast<char>((v >> (8 * k)) & 0xff);
     out.append(b, 8);
 }
 
 // Element values in the canonical form of digest._write_values (little-endian, one NaN).
-void put_value(std::string& out, std::int32_t elem, std::uint64_t bits) {
+template <class Out>
+void put_value(Out& out, std::int32_t elem, std::uint64_t bits) {
     switch (elem) {
         case kFloat: {
             std::uint32_t v = static_cast<std::uint32_t>(bits);
@@ -351,7 +390,8 @@ bool value_dtype_supported(std::int32_t e) {
 
 // The canonical value bytes of a TensorProto's elements; false if they cannot be
 // read here (external, strings, segments, an unusual dtype, a count mismatch).
-bool tensor_values(const std::uint8_t* d, ScanSpan payload, const ScanTensorType& type, std::string& out) {
+template <class Out>
+bool tensor_values(const std::uint8_t* d, ScanSpan payload, const ScanTensorType& type, Out& out) {
     const std::int32_t elem = type.elem_type;
     const std::int64_t n = numel(type.shape);
     if (!value_dtype_supported(elem) || n < 0 || n > kIntParamMax * 16) return false;
@@ -1244,7 +1284,7 @@ public:
 
 private:
     BytesIndex ids_;  // keyed by the canonical bytes themselves
-    std::string scratch_;
+    ByteBuffer scratch_;
 };
 
 constexpr std::int64_t kUnknownDim = std::numeric_limits<std::int64_t>::min();
@@ -1308,6 +1348,9 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             next_slot = slot_was;
             return -1;
         };
+        const char* last_type_p = nullptr;
+        std::size_t last_type_n = 0;
+        std::int32_t last_seen = -1;
         for (int kind = 0; kind < 3; ++kind) {
             for (const ScanSpan& s : by_kind[kind]) {
                 Reader vr(inferred, s);
@@ -1325,9 +1368,17 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                     }
                 }
                 if (id < 0 || type_span.size() == 0) continue;
-                bool new_type;
-                const std::int32_t seen = seen_types.intern(reinterpret_cast<const char*>(inferred + type_span.begin),
-                                                            type_span.size(), new_type);
+                // A node's output often has the type of the one before it (Conv, then
+                // BatchNormalization, then Relu...): compared before a lookup.
+                const auto* type_p = reinterpret_cast<const char*>(inferred + type_span.begin);
+                const std::size_t type_n = type_span.size();
+                bool new_type = false;
+                std::int32_t seen = last_seen;
+                if (!(type_n == last_type_n && bytes_equal(last_type_p, type_p, type_n)))
+                    seen = seen_types.intern(type_p, type_n, new_type);
+                last_seen = seen;
+                last_type_p = type_p;
+                last_type_n = type_n;
                 if (!new_type) {
                     const std::int32_t sc = seen_score[seen];
                     if (sc < 0 || (score[id] >= 0 && sc <= score[id])) continue;  // non-tensor, or no better
@@ -1337,49 +1388,72 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                 }
                 seen_score.push_back(-1);
                 seen_cid.push_back(-1);
-                // Each distinct TypeProto is parsed once (the cache above).
-                const ScanType type = parse_type(inferred, type_span);
-                if (type.kind != 1) continue;  // non-tensor types never make a name concrete
-                dims.clear();
-                int sc = type.elem_type ? 1 : 0;
-                bool all_known = type.has_shape;
-                if (type.has_shape) {
-                    sc += 1;
-                    for (const ScanDim& dim : type.dims) {
+                // Each distinct TypeProto is parsed once (the cache above), as parse_type
+                // would, straight into the resolved dims (no ScanDim strings to allocate).
+                std::uint8_t kind = 0;
+                std::int32_t elem = 0;
+                bool has_shape = false, dims_known = true;
+                int n_known = 0;
+                walk_type(
+                    inferred, type_span,
+                    [&](std::uint8_t k) {
+                        kind = k;
+                        elem = 0;
+                        has_shape = false;
+                        dims_known = true;
+                        n_known = 0;
+                        dims.clear();
+                    },
+                    [&](std::int32_t e) { elem = e; },
+                    [&] { has_shape = true; },
+                    [&](std::uint8_t dim_kind, std::int64_t value, ScanSpan param) {
                         std::int64_t v = kUnknownDim;  // onnx_io._parse_type's rule
-                        if (dim.kind == 1 && dim.value >= 0) {
-                            v = dim.value;
-                        } else if (dim.kind == 2 && !dim.param.empty()) {
-                            auto it = dim_subst.find(dim.param);
+                        if (dim_kind == 1 && value >= 0) {
+                            v = value;
+                        } else if (dim_kind == 2 && param.size() != 0) {
+                            auto it = dim_subst.find(text(inferred, param));
                             if (it != dim_subst.end()) v = it->second;
                         }
-                        if (v == kUnknownDim) all_known = false; else sc += 2;
+                        if (v == kUnknownDim) dims_known = false; else ++n_known;
                         dims.push_back(v);
-                    }
-                }
+                    });
+                if (kind != 1) continue;  // non-tensor types never make a name concrete
+                int sc = elem ? 1 : 0;
+                const bool all_known = has_shape && dims_known;
+                if (has_shape) sc += 1 + 2 * std::min(n_known, 16000);
                 sc = std::min(sc, 32000);
                 seen_score[seen] = sc;
-                seen_cid[seen] = (all_known && type.elem_type) ? tt.intern(type.elem_type, dims.data(), dims.size()) : -1;
+                seen_cid[seen] = (all_known && elem) ? tt.intern(elem, dims.data(), dims.size()) : -1;
                 if (score[id] >= 0 && sc <= score[id]) continue;
                 score[id] = static_cast<std::int16_t>(sc);
                 cid[id] = seen_cid[seen];
             }
         }
     }
+    // Initializers and Constant outputs take their declared types (over inferred ones),
+    // interned when first read (concrete() below): most are read only by folded nodes
+    // (the shapes of ConstantOfShape chains), and interning every one was a tenth of
+    // finish()'s work.
+    constexpr std::int32_t kDeclaredType = -2;
     std::vector<std::int32_t> init_of(names, -1), const_node_of(names, -1);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         const Node& n = nodes_[i];
         if (n.is_constant && extras_[n.extra].const_typed && !n.outs().empty() && n.outs()[0] >= 0) {
-            const ScanTensorType& ct = extras_[n.extra].const_type;
             const_node_of[n.outs()[0]] = static_cast<std::int32_t>(i);
-            cid[n.outs()[0]] = ct.elem_type ? tt.intern(ct) : -1;
+            cid[n.outs()[0]] = kDeclaredType;
         }
     }
     for (std::size_t k = 0; k < inits_.size(); ++k) {
-        const auto& t = inits_[k];
-        init_of[t.name] = static_cast<std::int32_t>(k);
-        cid[t.name] = t.type.elem_type ? tt.intern(t.type) : -1;
+        init_of[inits_[k].name] = static_cast<std::int32_t>(k);
+        cid[inits_[k].name] = kDeclaredType;
     }
+    // Name t's concrete type id, -1 if none is known.
+    auto concrete = [&](std::int32_t t) -> std::int32_t {
+        if (cid[t] != kDeclaredType) return cid[t];
+        const ScanTensorType& declared =
+            init_of[t] >= 0 ? inits_[init_of[t]].type : extras_[nodes_[const_node_of[t]].extra].const_type;
+        return cid[t] = declared.elem_type ? tt.intern(declared) : -1;
+    };
     for (std::size_t k = 0; k < input_ids_.size(); ++k)  // activation inputs: as resolved
         if (input_shapes[k].size() != inputs[k].type.dims.size())
             throw std::invalid_argument("finish: input shape rank differs from the declaration");
@@ -1402,7 +1476,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         const Node& n = nodes_[i];
         if ((n.is_shape || n.is_size) && !n.ins().empty() && n.ins()[0] >= 0 && !n.outs().empty() && n.outs()[0] >= 0 &&
-            cid[n.ins()[0]] >= 0) {
+            concrete(n.ins()[0]) >= 0) {
             const ScanTensorType& t = tt.types[cid[n.ins()[0]]];
             const std::int32_t o = n.outs()[0];
             std::vector<std::int64_t> v;
@@ -1452,7 +1526,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         if (op_keys[k].first.empty() && op_keys[k].second == "Upsample") size_op[k] = 2;
     }
     // The canonical value bytes of param constant t (of type ct); false if they need evaluation.
-    auto write_param_values = [&](std::int32_t t, const ScanTensorType& ct, std::string& out) {
+    auto write_param_values = [&](std::int32_t t, const ScanTensorType& ct, ByteBuffer& out) {
         if (init_of[t] >= 0) {
             const auto& init = inits_[init_of[t]];
             if (init.external || init.span.end > size) return false;
@@ -1489,7 +1563,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     // with type ids in place of type bytes. Equal keys mean equal canonical bytes: type
     // ids are interned from those bytes and param values are written in full. Returns
     // nullptr, or why the full loader must take over.
-    auto write_slots = [&](const Node& n, bool canonical, std::string& out) -> const char* {
+    auto write_slots = [&](const Node& n, bool canonical, ByteBuffer& out) -> const char* {
         auto put_type = [&](std::int32_t type) {
             if (canonical) out += tt.bytes(type);
             else put_u32(out, static_cast<std::uint32_t>(type));
@@ -1506,7 +1580,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
             const std::int32_t t = n.ins()[slot];
             if (t < 0) { out.push_back(0); continue; }
             if (is_const[t]) {
-                const std::int32_t c = cid[t];
+                const std::int32_t c = concrete(t);
                 if (c < 0) return "a constant whose type needs evaluation";
                 if (tt.big[c]) return "an absurd shape";
                 const ScanTensorType& ct = tt.types[c];
@@ -1519,7 +1593,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                 if (param && !write_param_values(t, ct, out)) return "a param constant that needs evaluation";
                 continue;
             }
-            const std::int32_t a = act[t] >= 0 ? act[t] : cid[t];
+            const std::int32_t a = act[t] >= 0 ? act[t] : concrete(t);
             if (a < 0) return "an activation without a concrete type";
             if (tt.big[a]) return "an absurd shape";
             out.push_back(1);
@@ -1530,7 +1604,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
         for (std::size_t slot = 0; slot < n_out; ++slot) {
             const std::int32_t t = n.outs()[slot];
             if (t < 0) { out.push_back(0); continue; }
-            const std::int32_t o = cid[t];
+            const std::int32_t o = concrete(t);
             if (o < 0) {
                 if (used[t]) return "a used output without a concrete type";
                 out.push_back(2);
@@ -1551,14 +1625,14 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     // together after the loop (blake2b128_jobs: four at a time).
     BytesIndex forms;
     std::vector<Blake2bJob> form_jobs;
-    std::string form_bytes;  // each new form's bytes after its head state
+    ByteBuffer form_bytes;  // each new form's bytes after its head state
     std::vector<std::int32_t> layer_form;
     layer_form.reserve(n_layers);
     // The state after each used head (most heads belong to folded nodes: made on demand).
     std::vector<std::int32_t> head_state_at(heads_.size(), -1);
     std::vector<Blake2b128> head_states;
     head_states.reserve(std::min(heads_.size(), n_layers));
-    std::string key;
+    ByteBuffer key;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
         if (!is_layer[i]) continue;
         const Node& n = nodes_[i];
@@ -1602,7 +1676,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                     form_digest.data());
     for (std::int32_t form : layer_form) res.digests.push_back(form_digest[static_cast<std::size_t>(form)]);
     for (std::int32_t o : output_ids_) {
-        const std::int32_t t = act[o] >= 0 ? act[o] : cid[o];
+        const std::int32_t t = act[o] >= 0 ? act[o] : concrete(o);
         if (t < 0) { res.fallback = "a graph output without a concrete type"; return res; }
         res.output_types.push_back(tt.types[t]);
     }

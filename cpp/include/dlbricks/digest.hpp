@@ -125,11 +125,18 @@ public:
     void update_u64(std::uint64_t value);  // little-endian, fixed width
     Digest128 finish();
     /// A job that continues this hash: appends the bytes fed but not compressed yet to
-    /// `buffer`, where the caller appends the rest of the message and sets the job's
-    /// size (buffer.size() - offset). Cost: O(128).
-    Blake2bJob job(std::string& buffer) const;
+    /// `buffer` (anything with size() and append(const char*, n)), where the caller
+    /// appends the rest of the message and sets the job's size (buffer.size() - offset).
+    /// Cost: O(128).
+    template <class Buffer>
+    Blake2bJob job(Buffer& buffer) const {
+        Blake2bJob j = job_at(buffer.size());
+        buffer.append(reinterpret_cast<const char*>(buffer_), buffered_);
+        return j;
+    }
 
 private:
+    Blake2bJob job_at(std::size_t offset) const;  // state, counter, offset, pending size
     std::uint64_t h_[8];
     std::uint64_t counter_ = 0;  // bytes compressed so far (inputs < 2^64 bytes)
     std::uint8_t buffer_[128];

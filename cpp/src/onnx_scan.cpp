@@ -236,7 +236,7 @@ std::int64_t itemsize(std::int32_t elem) {
 }
 
 // Product of dims, saturating at INT64_MAX; -1 if a dim is negative.
-std::int64_t numel(const std::vector<std::int64_t>& dims) {
+std::int64_t numel(Dims dims) {
     std::int64_t n = 1;
     for (std::int64_t v : dims) {
         if (v < 0) return -1;
@@ -251,8 +251,8 @@ bool too_big(const ScanTensorType& t) {
     return n < 0 || n > kMaxElements;
 }
 
-std::int64_t nbytes(const ScanTensorType& t) {
-    const std::int64_t n = numel(t.shape), s = itemsize(t.elem_type);
+std::int64_t nbytes(std::int32_t elem, Dims dims) {
+    const std::int64_t n = numel(dims), s = itemsize(elem);
     if (n < 0) return -1;
     if (n > std::numeric_limits<std::int64_t>::max() / s) return std::numeric_limits<std::int64_t>::max();
     return n * s;
@@ -277,8 +277,9 @@ void put_varint_field(std::string& out, unsigned number, std::uint64_t v) {
     put_varint(out, v);
 }
 
-// A ValueInfoProto with a tensor type (what onnx.helper.make_tensor_value_info writes).
-std::string value_info(const std::string& name, std::int32_t elem, const std::vector<std::int64_t>* shape) {
+// A ValueInfoProto with a tensor type (what onnx.helper.make_tensor_value_info writes);
+// no type when `shape` is null.
+std::string value_info(const std::string& name, std::int32_t elem, const Dims* shape) {
     std::string vi, type, tensor;
     put_len_field(vi, vi_f::name, name);
     if (shape != nullptr) {
@@ -1052,16 +1053,17 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
             case graph_f::initializer: {
                 Initializer init;
                 init.span = f.whole;
+                init.dims_at = static_cast<std::uint32_t>(init_dims_.size());
                 Reader tr(d, f.payload);
                 Field g;
                 bool segment = false;
                 while (tr.next(g)) {
                     switch (g.number) {
                         case tensor_f::dims:
-                            for_each_varint(d, g, [&](std::uint64_t v) { init.type.shape.push_back(static_cast<std::int64_t>(v)); });
+                            for_each_varint(d, g, [&](std::uint64_t v) { init_dims_.push_back(static_cast<std::int64_t>(v)); });
                             break;
                         case tensor_f::data_type:
-                            if (g.wire == 0) init.type.elem_type = static_cast<std::int32_t>(g.value);
+                            if (g.wire == 0) init.elem_type = static_cast<std::int32_t>(g.value);
                             break;
                         case tensor_f::name:
                             if (g.wire == 2) {
@@ -1084,9 +1086,10 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
                     }
                 }
                 if (segment && fallback.empty()) fallback = "a segmented initializer";
-                if (numel(init.type.shape) < 0 && fallback.empty()) fallback = "an initializer with a negative dim";
+                init.rank = static_cast<std::uint32_t>(init_dims_.size() - init.dims_at);
+                if (numel(dims(init)) < 0 && fallback.empty()) fallback = "an initializer with a negative dim";
                 if (init.name < 0 && fallback.empty()) fallback = "an unnamed initializer";
-                inits_.push_back(std::move(init));
+                inits_.push_back(init);
                 break;
             }
             case graph_f::sparse:
@@ -1205,20 +1208,24 @@ std::vector<std::string_view> OnnxScan::light_model_pieces(const std::uint8_t* d
         else kept.push_back(s);
     };
     std::string ins, tail;  // typed graph inputs, then graph outputs
-    for (std::size_t k = 0; k < input_ids_.size(); ++k)
-        put_len_field(ins, graph_f::input, value_info(std::string(name(input_ids_[k])), inputs[k].type.elem_type, &input_shapes[k]));
+    for (std::size_t k = 0; k < input_ids_.size(); ++k) {
+        const Dims shape(input_shapes[k]);
+        put_len_field(ins, graph_f::input, value_info(std::string(name(input_ids_[k])), inputs[k].type.elem_type, &shape));
+    }
     std::vector<ScanSpan> inline_inits;  // written after the nodes
     for (const auto& t : inits_) {
-        const std::int64_t b = nbytes(t.type);
+        const Dims shape = dims(t);
+        const std::int64_t b = nbytes(t.elem_type, shape);
         if (!t.external && b >= 0 && b <= kInlineBytes) inline_inits.push_back(t.span);
-        else put_len_field(ins, graph_f::input, value_info(std::string(name(t.name)), t.type.elem_type, &t.type.shape));
+        else put_len_field(ins, graph_f::input, value_info(std::string(name(t.name)), t.elem_type, &shape));
     }
     for (const auto& n : nodes_) {
         if (n.is_constant && extras_[n.extra].const_typed && !n.outs().empty() && n.outs()[0] >= 0) {
             const ScanTensorType& ct = extras_[n.extra].const_type;
-            const std::int64_t b = nbytes(ct);
+            const Dims shape(ct.shape);
+            const std::int64_t b = nbytes(ct.elem_type, shape);
             if (b < 0 || b > kInlineBytes) {
-                put_len_field(ins, graph_f::input, value_info(std::string(name(n.outs()[0])), ct.elem_type, &ct.shape));
+                put_len_field(ins, graph_f::input, value_info(std::string(name(n.outs()[0])), ct.elem_type, &shape));
                 continue;
             }
         }
@@ -1450,8 +1457,11 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
     // Name t's concrete type id, -1 if none is known.
     auto concrete = [&](std::int32_t t) -> std::int32_t {
         if (cid[t] != kDeclaredType) return cid[t];
-        const ScanTensorType& declared =
-            init_of[t] >= 0 ? inits_[init_of[t]].type : extras_[nodes_[const_node_of[t]].extra].const_type;
+        if (init_of[t] >= 0) {
+            const Initializer& init = inits_[init_of[t]];
+            return cid[t] = init.elem_type ? tt.intern(init.elem_type, dims(init).p, init.rank) : -1;
+        }
+        const ScanTensorType& declared = extras_[nodes_[const_node_of[t]].extra].const_type;
         return cid[t] = declared.elem_type ? tt.intern(declared) : -1;
     };
     for (std::size_t k = 0; k < input_ids_.size(); ++k)  // activation inputs: as resolved

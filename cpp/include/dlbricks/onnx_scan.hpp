@@ -122,6 +122,18 @@ struct ScanInput {
     ScanType type;
 };
 
+/// A view of a shape's dims (a vector's, or a run of a pool).
+struct Dims {
+    const std::int64_t* p = nullptr;
+    std::size_t n = 0;
+    Dims() = default;
+    Dims(const std::int64_t* data, std::size_t size) : p(data), n(size) {}
+    Dims(const std::vector<std::int64_t>& v) : p(v.data()), n(v.size()) {}  // NOLINT: implicit by design
+    const std::int64_t* begin() const { return p; }
+    const std::int64_t* end() const { return p + n; }
+    std::size_t size() const { return n; }
+};
+
 /// A concrete tensor type: element type and shape.
 struct ScanTensorType {
     std::int32_t elem_type = 0;
@@ -252,9 +264,12 @@ public:
         std::int64_t shape_start = 0, shape_end = 0;
         bool shape_has_end = false;
     };
+    // Dims live in one pool (init_dims_): models have thousands of small initializers,
+    // and a vector each was a sixth of the scan's work.
     struct Initializer {
         std::int32_t name = -1;
-        ScanTensorType type;
+        std::int32_t elem_type = 0;
+        std::uint32_t dims_at = 0, rank = 0;  // init_dims_[dims_at, dims_at + rank)
         bool external = false;
         ScanSpan span;  // the whole TensorProto
     };
@@ -270,6 +285,8 @@ private:
     std::vector<Node> nodes_;
     std::vector<Extra> extras_;
     std::vector<Initializer> inits_;
+    std::vector<std::int64_t> init_dims_;
+    Dims dims(const Initializer& t) const { return Dims(init_dims_.data() + t.dims_at, t.rank); }
     std::vector<std::int32_t> input_ids_;   // activation inputs, as `inputs`
     std::vector<std::int32_t> output_ids_;  // graph outputs
     std::vector<ScanSpan> opset_spans_;

@@ -453,6 +453,59 @@ def test_malformed_attribute_fields_are_left_to_pythons_parser():
     assert digest.make_head_from_fields("Concat", 13, b"") == _python_head("Concat", 13, b"")
 
 
+def _prefixes_and_defaults(scan, versions, missing):
+    op_names = [op for _, op in scan.op_keys]
+    prefixes, defaults = [b""] * len(op_names), [None] * len(op_names)
+    for _, k, _ in missing:
+        prefixes[k] = digest._head_prefix("", op_names[k], versions[k])
+        defaults[k] = digest._schema_defaults(op_names[k], versions[k])
+    return prefixes, defaults
+
+
+def test_plain_heads_are_made_in_one_call_and_the_others_are_left_to_python(monkeypatch):
+    # An attribute without its type field is not plain (Python guesses the type from the
+    # fields); Relu (no attributes) and LeakyRelu with a typed alpha are plain.
+    untyped = h.make_attribute("alpha", 0.2)
+    untyped.ClearField("type")
+    guessed = h.make_node("LeakyRelu", ["r"], ["z"])
+    guessed.attribute.append(untyped)
+    graph = h.make_graph(
+        [h.make_node("Relu", ["x"], ["r"]), guessed, h.make_node("LeakyRelu", ["z"], ["y"], alpha=0.01)],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4])],
+    )
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    buf = proto.SerializeToString()
+    table = _core.HeadTable()
+    scan, versions, missing = _scan_with_heads(buf, table)
+    prefixes, defaults = _prefixes_and_defaults(scan, versions, missing)
+    left = scan.set_plain_heads(buf, [m[0] for m in missing], prefixes, defaults, table)
+    assert len(missing) == 3 and left == [hid for hid, k, _ in missing if scan.op_keys[k][1] == "LeakyRelu" and hid in left]
+    assert len(left) == 1 and len(table) == 2
+    for hid, _, _ in missing:  # the plain ones are given; the one left is still asked for
+        if hid not in left:
+            with pytest.raises(ValueError, match="did not ask for this head"):
+                scan.set_head(hid, b"h", table)
+    _, _, missing_again = _scan_with_heads(buf, table)
+    assert [m[0] for m in missing_again] == left
+    # The loader makes the plain heads in C++ and the other in Python: the same model.
+    monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable())
+    fast = onnx_io.load(proto)
+    assert is_fast(fast) and len(onnx_io._FAST_HEADS) == 3
+    assert_same(fast, full_load(proto))
+
+    with pytest.raises(ValueError, match="one prefix and one defaults entry per op key"):
+        scan.set_plain_heads(buf, [missing[0][0]], prefixes[:-1], defaults, table)
+    no_prefix = [b""] * len(prefixes)
+    with pytest.raises(ValueError, match="no prefix for the head's op"):
+        scan.set_plain_heads(buf, [missing[0][0]], no_prefix, defaults, table)
+    with pytest.raises(IndexError, match="no such head"):
+        scan.set_plain_heads(buf, [10**6], prefixes, defaults, table)
+    with pytest.raises(ValueError, match="not the bytes the scan was made from"):
+        scan.set_plain_heads(buf[:10], [missing[0][0]], prefixes, defaults, table)
+
+
 def test_a_full_head_table_empties_itself_and_the_models_stay_right(monkeypatch):
     monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable(max_entries=3))
     for name in ("light_squeezenet", "light_resnet50", "light_squeezenet"):

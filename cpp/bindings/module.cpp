@@ -471,6 +471,20 @@ PYBIND11_MODULE(_core, m) {
             },
             py::arg("head"), py::arg("canonical"), py::arg("table"))
         .def(
+            "set_plain_heads",
+            [](OnnxScan& s, py::buffer data, std::vector<std::int32_t> heads, std::vector<std::string> prefixes,
+               std::vector<std::optional<std::unordered_map<std::string, std::string>>> defaults, HeadTable& table) {
+                py::buffer_info info;
+                Bytes b = view_bytes(data, info);
+                std::vector<const std::unordered_map<std::string, std::string>*> by_op;
+                by_op.reserve(defaults.size());
+                for (const auto& d : defaults) by_op.push_back(d ? &*d : nullptr);
+                return s.set_plain_heads(b.data, b.size, heads, prefixes, by_op, table);
+            },
+            py::arg("data"), py::arg("heads"), py::arg("prefixes"), py::arg("defaults"), py::arg("table"),
+            "set_head for each of `heads` whose attributes are all plain (prefix of its op key, then "
+            "canonical_attributes with that op key's defaults); returns the heads left.")
+        .def(
             "light_model",
             [](const OnnxScan& s, py::buffer data, std::vector<std::vector<std::int64_t>> shapes) {
                 py::buffer_info info;

@@ -786,6 +786,33 @@ void OnnxScan::set_head(std::int32_t head, std::string canonical, HeadTable& tab
     std::string().swap(key);
 }
 
+std::vector<std::int32_t> OnnxScan::set_plain_heads(
+    const std::uint8_t* d, std::size_t size, const std::vector<std::int32_t>& heads,
+    const std::vector<std::string>& prefixes,
+    const std::vector<const std::unordered_map<std::string, std::string>*>& defaults, HeadTable& table) {
+    if (prefixes.size() != op_keys.size() || defaults.size() != op_keys.size())
+        throw std::invalid_argument("set_plain_heads: one prefix and one defaults entry per op key");
+    std::vector<std::int32_t> left;
+    std::string attributes;
+    for (std::int32_t h : heads) {
+        if (h < 0 || static_cast<std::size_t>(h) >= head_node.size()) throw std::out_of_range("set_plain_heads: no such head");
+        const auto k = static_cast<std::size_t>(head_op_key[static_cast<std::size_t>(h)]);
+        if (prefixes[k].empty()) throw std::invalid_argument("set_plain_heads: no prefix for the head's op");
+        const ScanSpan sp = node_span(static_cast<std::size_t>(head_node[static_cast<std::size_t>(h)]));
+        if (sp.end > size) throw std::invalid_argument("set_plain_heads: not the bytes the scan was made from");
+        attributes.clear();
+        append_attributes(d, sp, attributes);
+        std::optional<std::string> body = canonical_attributes(
+            reinterpret_cast<const std::uint8_t*>(attributes.data()), attributes.size(), defaults[k]);
+        if (!body) {
+            left.push_back(h);
+            continue;
+        }
+        set_head(h, prefixes[k] + *body, table);
+    }
+    return left;
+}
+
 OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
     Reader r(d, 0, size);
     Field f;

@@ -30,7 +30,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from dlbricks import _core
-from dlbricks.digest import _layer_digest_fields, constant_role, make_head, make_head_from_fields
+from dlbricks.digest import _head_prefix, _layer_digest_fields, _schema_defaults, constant_role, make_head
 from dlbricks.model import (
     ConstInput,
     DlbricksError,
@@ -304,7 +304,7 @@ def _load_proto(
 # reads the file's bytes directly: no protobuf object per node, weight payloads skipped
 # by their length. Python adds only what needs onnx itself: each distinct op's schema
 # version and attribute defaults, each distinct (op, attributes) head whose attributes
-# are not plain (digest.make_head_from_fields makes the others in C++), and shape
+# are not plain (OnnxScan.set_plain_heads makes the others in C++), and shape
 # inference, which runs on bytes. Anything else, including every error, goes to the full
 # loader above, which the scanner never second-guesses: when it says "fallback", the
 # full loader runs from scratch. Layers, constant types and constant values of a fast
@@ -522,16 +522,28 @@ def _fast_prepare(
         act_inputs.append((in_name, int(elem), tuple(shape)))
     shapes = [list(s) for _, _, s in act_inputs]
 
-    # Canonical heads come from the process's table; only new ones are made here.
-    for h, k, attr_bytes in scan.resolve_heads(buf, _FAST_HEADS, versions):
-        head = make_head_from_fields(op_names[k], versions[k], attr_bytes)
-        if head is None:
-            # The attribute fields alone parse as a NodeProto with just those attributes.
-            attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
-            head, outer = make_head("", op_names[k], attrs, versions[k])
-            if outer:
-                return None
-        scan.set_head(h, head, _FAST_HEADS)
+    # Canonical heads come from the process's table; only new ones are made here: those
+    # with plain attributes in C++, in one call (a first analysis makes every head: one
+    # call per head through make_head_from_fields cost ~8 us each), the rest in Python.
+    pending = scan.resolve_heads(buf, _FAST_HEADS, versions)
+    if pending:
+        prefixes = [b""] * len(op_names)
+        defaults: list[dict[str, bytes] | None] = [None] * len(op_names)
+        for _, k, _ in pending:
+            if not prefixes[k]:
+                prefixes[k] = _head_prefix("", op_names[k], versions[k])
+                defaults[k] = _schema_defaults(op_names[k], versions[k]) if versions[k] > 0 else None
+        left = scan.set_plain_heads(buf, [h for h, _, _ in pending], prefixes, defaults, _FAST_HEADS)
+        if left:
+            attributes_of = {h: (k, attr_bytes) for h, k, attr_bytes in pending}
+            for h in left:
+                k, attr_bytes = attributes_of[h]
+                # The attribute fields alone parse as a NodeProto with just those attributes.
+                attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
+                head, outer = make_head("", op_names[k], attrs, versions[k])
+                if outer:
+                    return None
+                scan.set_head(h, head, _FAST_HEADS)
     return _Prepared(buf, source, label, name, scan, opsets, op_names, act_inputs, shapes, dim_subst, notes,
                      scan.light_model(buf, shapes))
 

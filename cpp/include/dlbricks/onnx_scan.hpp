@@ -213,6 +213,16 @@ public:
     /// Gives head `head` (one resolve_heads returned) its canonical bytes, and stores
     /// them in `table` for later scans.
     void set_head(std::int32_t head, std::string canonical, HeadTable& table);
+    /// set_head for each of `heads` (ones resolve_heads returned) whose attributes are
+    /// all plain: prefixes[k] (magic, version, operator) followed by
+    /// canonical_attributes with defaults[k] (the schema's; null: none), k its op key.
+    /// Returns the heads left (an attribute not plain): the caller makes those.
+    /// Cost: O(the heads' attribute bytes).
+    std::vector<std::int32_t> set_plain_heads(const std::uint8_t* data, std::size_t size,
+                                              const std::vector<std::int32_t>& heads,
+                                              const std::vector<std::string>& prefixes,
+                                              const std::vector<const std::unordered_map<std::string, std::string>*>& defaults,
+                                              HeadTable& table);
 
     /// Folds constants with the inferred types of `inferred` (the light model after
     /// shape inference) and computes layers, edges and digests. `input_shapes` are the

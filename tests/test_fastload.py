@@ -889,3 +889,29 @@ def test_a_node_with_its_fields_in_any_order_is_the_same_layer(tmp_path):
     assert is_fast(fast) and fast.n_layers == 3
     assert_same(fast, full_load(path))
     assert len({bytes(d) for d in fast.digests}) == 1
+
+
+def test_initializers_listed_as_inputs_have_their_types_checked_even_after_an_equal_one(tmp_path):
+    # Older models list every initializer among the graph inputs; those types are never
+    # read, only checked, and a type whose bytes equal the previous one's is not checked
+    # again. One of the same length that differs (here an invalid wire type in its first
+    # tag) is still checked: the file is refused, as onnx refuses it.
+    w = [nh.from_array(np.zeros([2], np.float32), f"w{i}") for i in range(3)]
+    nodes = [h.make_node("Add", ["x", "w0"], ["a"]), h.make_node("Add", ["a", "w1"], ["b"]),
+             h.make_node("Add", ["b", "w2"], ["y"])]
+    m = _model(nodes, [_vi("x", [2]), _vi("w0", [2]), _vi("w1", [2])], [_vi("y", [2])], inits=w, ir=3)
+    good = _vi("w2", [2]).type.SerializeToString()
+    graph = m.graph.SerializeToString()
+    m.ClearField("graph")
+    for name, type_bytes, ok in (("good", good, True), ("bad", bytes([good[0] | 7]) + good[1:], False)):
+        path = tmp_path / f"{name}.onnx"
+        listed = _field(11, _field(1, b"w2") + _field(2, type_bytes))
+        path.write_bytes(m.SerializeToString() + _field(7, graph + listed))
+        if ok:
+            model = onnx_io.load(path)
+            assert is_fast(model) and model.n_layers == 3
+        else:
+            with pytest.raises(ValueError, match="unsupported wire type"):
+                _core.OnnxScan(path.read_bytes())
+            with pytest.raises(ModelError, match="bad.onnx"):
+                onnx_io.load(path)

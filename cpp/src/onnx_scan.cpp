@@ -297,42 +297,6 @@ std::string value_info(const std::string& name, std::int32_t elem, const Dims* s
     return vi;
 }
 
-// A growable byte buffer for the bytes finish() writes per layer and per type (compact
-// keys, canonical forms, type keys). Its appends are inline: a capacity check, then a
-// copy that the compiler turns into one store for the 4- and 8-byte integers of the
-// canonical form. std::string::append is an out-of-line call (and a memmove call) per
-// integer, which was a sixth of finish()'s time.
-class ByteBuffer {
-public:
-    void clear() { size_ = 0; }
-    std::size_t size() const { return size_; }
-    const char* data() const { return data_.get(); }
-    __attribute__((always_inline)) void append(const char* p, std::size_t n) {
-        if (__builtin_expect(n > capacity_ - size_, 0)) grow(n);
-        std::memcpy(data_.get() + size_, p, n);
-        size_ += n;
-    }
-    void push_back(char c) {
-        if (size_ == capacity_) grow(1);
-        data_[size_++] = c;
-    }
-    ByteBuffer& operator+=(std::string_view s) {
-        append(s.data(), s.size());
-        return *this;
-    }
-
-private:
-    __attribute__((noinline)) void grow(std::size_t n) {
-        const std::size_t capacity = std::max<std::size_t>({256, 2 * capacity_, size_ + n});
-        std::unique_ptr<char[]> data(new char[capacity]);
-        if (size_) std::memcpy(data.get(), data_.get(), size_);
-        data_.swap(data);
-        capacity_ = capacity;
-    }
-    std::unique_ptr<char[]> data_;
-    std::size_t size_ = 0, capacity_ = 0;
-};
-
 // Little-endian, appended in one go: byte-by-byte push_back checks capacity per byte
 // and was a third of finish()'s own time. `Out`: std::string or ByteBuffer.
 template <class Out>
@@ -465,8 +429,8 @@ void BytesIndex::rehash(std::size_t capacity) {
     const std::size_t mask = capacity - 1;
     for (std::size_t id = 0; id < hash_of_.size(); ++id) {
         std::size_t j = hash_of_[id] & mask;
-        while (slots[j].id >= 0) j = (j + 1) & mask;
-        slots[j] = Slot{static_cast<std::uint32_t>(hash_of_[id] >> 32), static_cast<std::int32_t>(id)};
+        while (slots[j].id1 != 0) j = (j + 1) & mask;
+        slots[j] = Slot{static_cast<std::uint32_t>(hash_of_[id] >> 32), static_cast<std::int32_t>(id) + 1};
     }
     slots_.swap(slots);
 }
@@ -485,19 +449,20 @@ std::int32_t BytesIndex::intern(const char* p, std::size_t n, bool& inserted) {
     const auto check = static_cast<std::uint32_t>(h >> 32);
     const std::size_t mask = slots_.size() - 1;
     std::size_t j = h & mask;
-    for (; slots_[j].id >= 0; j = (j + 1) & mask) {
+    for (; slots_[j].id1 != 0; j = (j + 1) & mask) {
         if (slots_[j].check != check) continue;
-        const std::string_view have = key(slots_[j].id);
+        const std::int32_t id = slots_[j].id1 - 1;
+        const std::string_view have = key(id);
         if (have.size() == n && bytes_equal(have.data(), p, n)) {
             inserted = false;
-            return slots_[j].id;
+            return id;
         }
     }
     const auto id = static_cast<std::int32_t>(size());
     arena_.append(p, n);
     at_.push_back(arena_.size());
     hash_of_.push_back(h);
-    slots_[j] = Slot{check, id};
+    slots_[j] = Slot{check, id + 1};
     inserted = true;
     return id;
 }
@@ -507,10 +472,11 @@ std::int32_t BytesIndex::find(const char* p, std::size_t n) const {
     const std::uint64_t h = bytes_hash(p, n);
     const auto check = static_cast<std::uint32_t>(h >> 32);
     const std::size_t mask = slots_.size() - 1;
-    for (std::size_t j = h & mask; slots_[j].id >= 0; j = (j + 1) & mask) {
+    for (std::size_t j = h & mask; slots_[j].id1 != 0; j = (j + 1) & mask) {
         if (slots_[j].check != check) continue;
-        const std::string_view have = key(slots_[j].id);
-        if (have.size() == n && bytes_equal(have.data(), p, n)) return slots_[j].id;
+        const std::int32_t id = slots_[j].id1 - 1;
+        const std::string_view have = key(id);
+        if (have.size() == n && bytes_equal(have.data(), p, n)) return id;
     }
     return -1;
 }
@@ -1145,6 +1111,7 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
     std::vector<std::int32_t> graph_inputs;
     std::vector<ScanType> graph_input_types;
     std::int32_t last_input_id = -1, input_id_step = 1;
+    ScanSpan last_checked_type;
     for (const ScanSpan& s : input_spans) {
         Reader vr(d, s);
         Field g;
@@ -1168,9 +1135,14 @@ OnnxScan::OnnxScan(const std::uint8_t* d, std::size_t size) {
         }
         defined[id] = 1;
         // Older models list every initializer among the inputs too: those types are
-        // never read, so they are only checked.
+        // never read, so they are only checked (once per distinct run of bytes: most
+        // repeat the one before, as the shapes of ConstantOfShape chains do).
         if (is_init[id]) {
-            check_type(d, type_span);
+            const ScanSpan& last = last_checked_type;
+            if (!(type_span.size() == last.size() && last.size() != 0 &&
+                  bytes_equal(d + last.begin, d + type_span.begin, last.size())))
+                check_type(d, type_span);
+            last_checked_type = type_span;
             continue;
         }
         ScanType type = type_span.size() ? parse_type(d, type_span) : ScanType{};

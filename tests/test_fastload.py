@@ -457,8 +457,7 @@ def _prefixes_and_defaults(scan, versions, missing):
     op_names = [op for _, op in scan.op_keys]
     prefixes, defaults = [b""] * len(op_names), [None] * len(op_names)
     for _, k, _ in missing:
-        prefixes[k] = digest._head_prefix("", op_names[k], versions[k])
-        defaults[k] = digest._schema_defaults(op_names[k], versions[k])
+        prefixes[k], defaults[k] = digest.plain_head_parts(op_names[k], versions[k])
     return prefixes, defaults
 
 

@@ -545,9 +545,18 @@ def make_head_from_fields(op_type: str, op_version: int, attribute_fields: bytes
 
     A first analysis makes every head once: in Python that was ~40 us a head, the
     largest first-use cost of the fast loader."""
-    defaults = _schema_defaults(op_type, op_version) if op_version > 0 else None
+    prefix, defaults = plain_head_parts(op_type, op_version)
     body = _core.canonical_attributes(attribute_fields, defaults)
-    return None if body is None else _head_prefix("", op_type, op_version) + body
+    return None if body is None else prefix + body
+
+
+def plain_head_parts(op_type: str, op_version: int) -> tuple[bytes, dict[str, bytes] | None]:
+    """What C++ needs to make the plain heads of a default-domain op (see
+    :func:`make_head_from_fields`, ``OnnxScan.set_plain_heads``): the prefix every head
+    of the op starts with (magic, version, operator), and the canonical bodies of the
+    schema's attribute defaults (None without a schema version)."""
+    defaults = _schema_defaults(op_type, op_version) if op_version > 0 else None
+    return _head_prefix("", op_type, op_version), defaults
 
 
 @functools.lru_cache(maxsize=4096)

@@ -30,7 +30,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from dlbricks import _core
-from dlbricks.digest import _head_prefix, _layer_digest_fields, _schema_defaults, constant_role, make_head
+from dlbricks.digest import _layer_digest_fields, constant_role, make_head, plain_head_parts
 from dlbricks.model import (
     ConstInput,
     DlbricksError,
@@ -531,8 +531,7 @@ def _fast_prepare(
         defaults: list[dict[str, bytes] | None] = [None] * len(op_names)
         for _, k, _ in pending:
             if not prefixes[k]:
-                prefixes[k] = _head_prefix("", op_names[k], versions[k])
-                defaults[k] = _schema_defaults(op_names[k], versions[k]) if versions[k] > 0 else None
+                prefixes[k], defaults[k] = plain_head_parts(op_names[k], versions[k])
         left = scan.set_plain_heads(buf, [h for h, _, _ in pending], prefixes, defaults, _FAST_HEADS)
         if left:
             attributes_of = {h: (k, attr_bytes) for h, k, attr_bytes in pending}

@@ -914,3 +914,29 @@ def test_initializers_listed_as_inputs_have_their_types_checked_even_after_an_eq
                 _core.OnnxScan(path.read_bytes())
             with pytest.raises(ModelError, match="bad.onnx"):
                 onnx_io.load(path)
+
+
+def test_each_op_schema_is_looked_up_once_for_its_version_and_its_heads(monkeypatch):
+    # What the fast path takes from one schema lookup equals what make_head_from_fields
+    # takes from two (version at the model's opset, defaults at that version).
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain not in ("", "ai.onnx") or schema.deprecated:
+            continue
+        v = schema.since_version
+        for opset in (v, v + 1):
+            info = onnx_io._op_schema(schema.name, opset)
+            if info is None or info[0] != v:
+                continue  # a newer version took over at opset v + 1
+            assert info == (v, *digest.plain_head_parts(schema.name, v)), (schema.name, opset)
+    assert onnx_io._op_schema("NoSuchOp", 13) is None and onnx_io._since_version("NoSuchOp", 13) is None
+
+    # A fresh process's first analysis: one lookup per distinct op.
+    onnx_io._op_schema.cache_clear()
+    onnx_io._since_versions.cache_clear()
+    digest._schema_defaults.cache_clear()
+    monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable())
+    calls = []
+    real = onnx.defs.get_schema
+    monkeypatch.setattr(onnx.defs, "get_schema", lambda *a, **k: calls.append(a[:2]) or real(*a, **k))
+    model = onnx_io.load(DATA / "light" / "light_resnet50.onnx")
+    assert is_fast(model) and len(calls) == len(set(calls)) == len({op for op, _ in calls})

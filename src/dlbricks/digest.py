@@ -390,6 +390,11 @@ def _schema_defaults(op_type: str, op_version: int) -> dict[str, bytes]:
         schema = onnx.defs.get_schema(op_type, op_version, "")
     except onnx.defs.SchemaError:
         return {}
+    return schema_defaults_of(schema)
+
+
+def schema_defaults_of(schema: onnx.defs.OpSchema) -> dict[str, bytes]:
+    """Canonical bodies of an operator schema's attribute defaults, by attribute name."""
     out: dict[str, bytes] = {}
     for name, attr in schema.attributes.items():
         # onnx keeps each default serialized (``default_value`` parses it in Python):

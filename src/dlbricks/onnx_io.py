@@ -30,7 +30,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from dlbricks import _core
-from dlbricks.digest import _layer_digest_fields, constant_role, make_head, plain_head_parts
+from dlbricks.digest import _head_prefix, _layer_digest_fields, constant_role, make_head, schema_defaults_of
 from dlbricks.model import (
     ConstInput,
     DlbricksError,
@@ -325,11 +325,22 @@ _FAST_HEADS = _core.HeadTable()
 
 
 @functools.lru_cache(maxsize=4096)
-def _since_version(op_type: str, opset: int) -> int | None:
+def _op_schema(op_type: str, opset: int) -> tuple[int, bytes, dict[str, bytes]] | None:
+    """A default-domain op at a model's opset: its schema version, then what C++ needs
+    to make its plain heads (digest.plain_head_parts: prefix, attribute defaults), from
+    one schema lookup (asking for the version, then for the defaults at that version,
+    looked the same schema up twice). None: onnx knows no such op."""
     try:
-        return int(onnx.defs.get_schema(op_type, opset, "").since_version)
+        schema = onnx.defs.get_schema(op_type, opset, "")
     except onnx.defs.SchemaError:
         return None
+    version = int(schema.since_version)
+    return version, _head_prefix("", op_type, version), schema_defaults_of(schema)
+
+
+def _since_version(op_type: str, opset: int) -> int | None:
+    info = _op_schema(op_type, opset)
+    return None if info is None else info[0]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -531,7 +542,7 @@ def _fast_prepare(
         defaults: list[dict[str, bytes] | None] = [None] * len(op_names)
         for _, k, _ in pending:
             if not prefixes[k]:
-                prefixes[k], defaults[k] = plain_head_parts(op_names[k], versions[k])
+                _, prefixes[k], defaults[k] = _op_schema(op_names[k], default_opset)  # type: ignore[misc]
         left = scan.set_plain_heads(buf, [h for h, _, _ in pending], prefixes, defaults, _FAST_HEADS)
         if left:
             attributes_of = {h: (k, attr_bytes) for h, k, attr_bytes in pending}

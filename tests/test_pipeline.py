@@ -26,7 +26,7 @@ from dlbricks.pipeline import (
     evaluate,
     reconstruct,
 )
-from dlbricks.store import Store
+from dlbricks.store import Store, StoreError
 from dlbricks.sysinfo import fingerprint_id, system_fingerprint
 from dlbricks.timing import Measurement, RunnerConfig, summarize
 
@@ -226,15 +226,25 @@ def test_a_killed_bench_run_resumes_without_losing_results(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     done_before = 0
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        if store_path.exists():
-            with Store(store_path, readonly=True) as s:
-                done_before = s.count(kind="brick")
-            if done_before >= 5:
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            exited = proc.poll() is not None
+            try:
+                with Store(store_path, readonly=True) as s:
+                    done_before = s.count(kind="brick")
+            except StoreError:
+                # Not there yet, or created but still empty: sqlite makes the file
+                # before the bench's first transaction fills it.
+                if exited:
+                    break
+                continue
+            if done_before >= 5 or exited:
                 break
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its timing worker, mid-run
-    proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and its timing worker, mid-run
+        proc.wait()
     assert done_before >= 5
     with Store(store_path) as store:
         kept = store.count(kind="brick")

@@ -23,7 +23,7 @@ from pathlib import Path
 from dlbricks.analysis import load_corpus
 from dlbricks.commands.demo import default_corpus_dir
 from dlbricks.pipeline import evaluate
-from dlbricks.runtime_graph import runtime_models
+from dlbricks.loading.runtime_graph import runtime_models
 from dlbricks.store import Store
 from dlbricks.timing import RunnerConfig
 

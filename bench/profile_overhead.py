@@ -28,10 +28,10 @@ from pathlib import Path
 
 import onnx
 
-from dlbricks.onnx_io import load
-from dlbricks.profiling import ProfileOptions, profile_model
+from dlbricks.loading.onnx_io import load
+from dlbricks.profiling.xsp import ProfileOptions, profile_model
 from dlbricks.timing import RunnerConfig
-from dlbricks.tracing import to_jsonable
+from dlbricks.profiling.tracing import to_jsonable
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 

@@ -3,7 +3,7 @@
 Three bricks -- Conv 3x3 64->64 on 1x64x56x56, Gemm 1x4096 @ 4096x1000, and
 Add+Relu on two 1x256x56x56 tensors -- are each measured in ``--runs`` separate
 runs. Every run is a fresh worker process with a fresh session (one
-:func:`dlbricks.workers.run_isolated` call per run), pinned to one core; runs of
+:func:`dlbricks.timing.workers.run_isolated` call per run), pinned to one core; runs of
 the three bricks are interleaved so slow drifts of the machine hit them alike.
 Reported per brick: the medians of the runs and their coefficient of variation
 (stddev / mean of the medians). Target: CV <= 2%.
@@ -32,7 +32,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dlbricks.timing import RunnerConfig
-from dlbricks.workers import Job, run_isolated
+from dlbricks.timing.workers import Job, run_isolated
 
 
 def _save(path: Path, nodes, inputs, output, inits) -> str:

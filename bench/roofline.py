@@ -23,11 +23,11 @@ from pathlib import Path
 
 import onnx
 
-from dlbricks import roofline as rl
-from dlbricks.onnx_io import load
+from dlbricks.roofline import analysis as rl
+from dlbricks.loading.onnx_io import load
 from dlbricks.pipeline import bench
 from dlbricks.store import Store
-from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 from dlbricks.timing import RunnerConfig
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"

@@ -18,7 +18,7 @@ from onnx import numpy_helper as nh
 
 from dlbricks.bricks import model_digest
 from dlbricks.cli import main
-from dlbricks.onnx_io import load
+from dlbricks.loading.onnx_io import load
 
 from conftest import light
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, shape_inference
 
-from dlbricks.costmodel import (
+from dlbricks.roofline.costmodel import (
     LayerCost,
     ModelCost,
     conv_output_spatial,
@@ -27,7 +27,7 @@ from dlbricks.costmodel import (
     supported_ops,
 )
 from dlbricks.model import ConstInput, Layer, TensorType
-from dlbricks.peaks import Peaks
+from dlbricks.roofline.peaks import Peaks
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
@@ -559,7 +559,7 @@ def test_gmacs_match_published_figures_via_shape_inference(name):
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_GMACS))
 def test_gmacs_match_published_figures_via_the_loader(name):
-    from dlbricks import onnx_io
+    from dlbricks.loading import onnx_io
 
     path = os.path.join(LIGHT, name)
     total = model_cost(onnx_io.load(path).layers)
@@ -568,7 +568,7 @@ def test_gmacs_match_published_figures_via_the_loader(name):
 
 
 def test_every_light_model_is_fully_covered_and_the_loader_agrees():
-    from dlbricks import onnx_io
+    from dlbricks.loading import onnx_io
 
     names = sorted(f for f in os.listdir(LIGHT) if f.endswith(".onnx"))
     assert len(names) == 9

@@ -22,8 +22,10 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 import dlbricks
-from dlbricks import _core, digest, onnx_io
-from dlbricks.model import DlbricksError, LazyLayers, ModelError
+from dlbricks import _core, digest
+from dlbricks.loading import onnx_io
+from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.model import LazyLayers
 
 DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"
 F = T.FLOAT

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from dlbricks.files import write_atomically
-from dlbricks.model import UsageError
+from dlbricks.errors import UsageError
 
 
 def test_writes_text_as_utf8_and_bytes_as_given(tmp_path):

@@ -18,7 +18,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from dlbricks import onnx_io
+from dlbricks.loading import onnx_io
 from dlbricks.digest import (
     LAYER_DIGEST_VERSION,
     LAYER_MAGIC,

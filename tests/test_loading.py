@@ -14,9 +14,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from dlbricks import onnx_io
-from dlbricks.model import DlbricksError, ModelError, TensorType
-from dlbricks.onnx_io import DlbricksWarning
+from dlbricks.loading import onnx_io
+from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.model import TensorType
+from dlbricks.loading.onnx_io import DlbricksWarning
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(LIGHT.glob("light_*.onnx"))

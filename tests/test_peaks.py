@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import dlbricks.peaks as peaks_mod
-from dlbricks.peaks import CacheLevel, Peaks, cache_levels, load_or_measure_peaks, measure_peaks
+import dlbricks.roofline.peaks as peaks_mod
+from dlbricks.roofline.peaks import CacheLevel, Peaks, cache_levels, load_or_measure_peaks, measure_peaks
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import light
 from dlbricks.cli import main
 from dlbricks.corpus import Corpus
-from dlbricks.onnx_io import load
+from dlbricks.loading.onnx_io import load
 from dlbricks.pipeline import (
     MissingResults,
     bench,
@@ -27,7 +27,7 @@ from dlbricks.pipeline import (
     reconstruct,
 )
 from dlbricks.store import Store, StoreError
-from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 from dlbricks.timing import Measurement, RunnerConfig, summarize
 
 FAST = RunnerConfig(cores=None, warmup_iters=1, warmup_time=0.0, min_iters=5, min_time=0.005, max_time=0.05)

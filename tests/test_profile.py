@@ -18,10 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import light
 from dlbricks.cli import main
-from dlbricks.model import DlbricksError, UsageError
-from dlbricks.onnx_io import load
-from dlbricks.perfevents import EVENTS, CounterSet, PerfUnavailable, derived_metrics, probe
-from dlbricks.profiling import (
+from dlbricks.errors import DlbricksError, UsageError
+from dlbricks.loading.onnx_io import load
+from dlbricks.profiling.perfevents import EVENTS, CounterSet, PerfUnavailable, derived_metrics, probe
+from dlbricks.profiling.xsp import (
     LEVELS,
     OrtNode,
     ProfileOptions,
@@ -32,7 +32,7 @@ from dlbricks.profiling import (
     render_profile,
 )
 from dlbricks.timing import RunnerConfig
-from dlbricks.tracing import OtelConfig, Recorder, validate_chrome_trace
+from dlbricks.profiling.tracing import OtelConfig, Recorder, validate_chrome_trace
 
 # Quick sampling: these tests check structure and reconciliation, not speed.
 QUICK = RunnerConfig(warmup_iters=1, warmup_time=0.0, min_iters=3, min_time=0.0, max_time=0.5, target_ci=0.05)
@@ -151,7 +151,7 @@ def test_task_clock_and_page_faults_count_real_work():
 def test_counterset_rejects_unknown_events_and_reports_all_unavailable(monkeypatch):
     with pytest.raises(KeyError):
         CounterSet(["task-clock", "bogus"])
-    import dlbricks.perfevents as pe
+    import dlbricks.profiling.perfevents as pe
 
     def refuse(name, tid, exclude_kernel):
         raise OSError(13, "Permission denied")
@@ -285,8 +285,8 @@ def test_profile_hw_level_counts_or_says_why_in_one_line(full_profile):
 
 @pytest.mark.parametrize("hardware", [True, False])
 def test_hw_notice_is_one_line_only_when_the_pmu_is_missing(monkeypatch, hardware):
-    import dlbricks.perfevents as pe
-    import dlbricks.profiling as prof
+    import dlbricks.profiling.perfevents as pe
+    import dlbricks.profiling.xsp as prof
 
     def fake_probe(events):
         return {e: None if hardware or e in pe.SOFTWARE_EVENTS else "EACCES: not permitted" for e in events}

@@ -45,9 +45,9 @@ from dlbricks.distributed import (  # noqa: E402
     load_corpus_ray,
     node_cores,
 )
-from dlbricks.model import DlbricksError  # noqa: E402
+from dlbricks.errors import DlbricksError  # noqa: E402
 from dlbricks.store import Store  # noqa: E402
-from dlbricks.sysinfo import fingerprint_id, system_fingerprint  # noqa: E402
+from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint  # noqa: E402
 from dlbricks.timing import RunnerConfig  # noqa: E402
 
 pytestmark = [

@@ -12,15 +12,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import dlbricks.peaks as peaks_mod
-from dlbricks import roofline as rl
+import dlbricks.roofline.peaks as peaks_mod
+from dlbricks.roofline import analysis as rl
 from dlbricks.bricks import model_digest
 from dlbricks.cli import main
 from dlbricks.corpus import Corpus
-from dlbricks.model import ModelError
-from dlbricks.onnx_io import load
-from dlbricks.peaks import CacheLevel, Peaks
-from dlbricks.pipeline import brick_digest_version, model_digest_version
+from dlbricks.errors import ModelError
+from dlbricks.loading.onnx_io import load
+from dlbricks.roofline.peaks import CacheLevel, Peaks
+from dlbricks.versions import brick_digest_version, model_digest_version
 from dlbricks.store import Store
 from dlbricks.timing import Measurement, RunnerConfig, summarize
 
@@ -102,7 +102,7 @@ def _fill(store: Store, model, times: dict[int, float], jitter: dict[int, float]
     for i, t in times.items():
         store.put_result("brick", digests[i], brick_digest_version(), SYSTEM, CONFIG,
                          _measurement(t, jitter=(jitter or {}).get(i, 0.0)))
-    from dlbricks.sysinfo import fingerprint_id
+    from dlbricks.timing.sysinfo import fingerprint_id
 
     return fingerprint_id(SYSTEM)
 

@@ -1,4 +1,4 @@
-"""Results store (dlbricks.store), system fingerprint (dlbricks.sysinfo), `dlbricks results`."""
+"""Results store (dlbricks.store), system fingerprint (dlbricks.timing.sysinfo), `dlbricks results`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 import dlbricks
 from dlbricks.cli import main
 from dlbricks.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError, default_store_path
-from dlbricks.sysinfo import IDENTITY_FIELDS, fingerprint_id, system_fingerprint
+from dlbricks.timing.sysinfo import IDENTITY_FIELDS, fingerprint_id, system_fingerprint
 from dlbricks.timing import Failure, Measurement, RunnerConfig, summarize
 
 SYSTEM = {"cpu": {"model": "Test CPU", "flags": ["avx2"], "logical_cores": 4}, "hostname": "box"}

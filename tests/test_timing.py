@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from dlbricks.model import DlbricksError
+from dlbricks.errors import DlbricksError
 from dlbricks.timing import (
     Measurement,
     Runner,

@@ -1,4 +1,4 @@
-"""Isolated timing jobs (dlbricks.workers): failures are recorded, the run goes on."""
+"""Isolated timing jobs (dlbricks.timing.workers): failures are recorded, the run goes on."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from dlbricks.model import DlbricksError
+from dlbricks.errors import DlbricksError
 from dlbricks.timing import Failure, Measurement, RunnerConfig
-from dlbricks.workers import Job, run_isolated
+from dlbricks.timing.workers import Job, run_isolated
 
 CFG = RunnerConfig(warmup_iters=1, warmup_time=0.0, min_iters=5, min_time=0.005, max_time=0.02, timeout_s=60)
 

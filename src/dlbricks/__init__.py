@@ -17,19 +17,21 @@ except ImportError as exc:  # pragma: no cover - only without a build
     raise ImportError(f"{exc}. The C++ extension is not built; run `pip install -e .`") from exc
 
 from dlbricks.corpus import Corpus, CorpusSplit
-from dlbricks.graph import SEQUENCE_DIGEST_VERSION, Graph, Split, critical_path, sequence_graph, split, topo_order
-from dlbricks.model import ConstInput, DlbricksError, Layer, Model, ModelError, TensorType
+from dlbricks.graph import Graph, Split, critical_path, sequence_graph, split, topo_order
+from dlbricks.versions import SEQUENCE_DIGEST_VERSION
+from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.model import ConstInput, Layer, Model, TensorType
 
 # Heavier parts load on first use, so `import dlbricks` stays fast.
 _LAZY = {
-    "load": ("dlbricks.onnx_io", "load"),
+    "load": ("dlbricks.loading.onnx_io", "load"),
     "load_corpus": ("dlbricks.analysis", "load_corpus"),
-    "LAYER_DIGEST_VERSION": ("dlbricks.digest", "LAYER_DIGEST_VERSION"),
+    "LAYER_DIGEST_VERSION": ("dlbricks.versions", "LAYER_DIGEST_VERSION"),
     "Runner": ("dlbricks.timing", "Runner"),
     "RunnerConfig": ("dlbricks.timing", "RunnerConfig"),
     "Measurement": ("dlbricks.timing", "Measurement"),
     "Store": ("dlbricks.store", "Store"),
-    "system_fingerprint": ("dlbricks.sysinfo", "system_fingerprint"),
+    "system_fingerprint": ("dlbricks.timing.sysinfo", "system_fingerprint"),
     "generate_brick": ("dlbricks.bricks", "generate_brick"),
     "generate_bricks": ("dlbricks.bricks", "generate_bricks"),
 }

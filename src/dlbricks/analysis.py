@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.model import DlbricksError, Model, ModelError, UsageError
+from dlbricks.errors import DlbricksError, ModelError, UsageError
+from dlbricks.model import Model
 
 SCHEMA_VERSION = 1
 
@@ -51,7 +52,7 @@ def model_files(paths: Sequence[str | Path]) -> list[Path]:
     Raises:
         UsageError: a missing path or a folder without models (the user's call).
     """
-    from dlbricks.onnx_io import iter_model_paths
+    from dlbricks.loading.onnx_io import iter_model_paths
 
     try:
         return iter_model_paths(paths)
@@ -81,7 +82,7 @@ def load_corpus(
     Raises:
         DlbricksError: a missing path or a folder without models; with ``strict``, a bad model.
     """
-    from dlbricks.onnx_io import iter_load
+    from dlbricks.loading.onnx_io import iter_load
 
     files = model_files(paths)
     out = LoadedCorpus(models=[])
@@ -105,8 +106,8 @@ def load_corpus(
 
 def analyze(models: Sequence[Model], Gs: Sequence[int] = (1, 2, 3)) -> dict:
     """The analysis of a corpus as one JSON-ready dict (schema in README)."""
-    from dlbricks.digest import LAYER_DIGEST_VERSION
-    from dlbricks.graph import SEQUENCE_DIGEST_VERSION
+    from dlbricks.versions import LAYER_DIGEST_VERSION
+    from dlbricks.versions import SEQUENCE_DIGEST_VERSION
 
     if not models:
         raise DlbricksError("nothing to analyse: no models")

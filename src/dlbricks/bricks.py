@@ -21,7 +21,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dlbricks.digest import constant_role
-from dlbricks.model import DlbricksError, Layer, Model, TensorType
+from dlbricks.errors import DlbricksError
+from dlbricks.model import Layer, Model, TensorType
 
 WeightsMode = Literal["synthetic", "source"]
 
@@ -294,7 +295,7 @@ def generate_brick(
 
 def _hidden_inputs(layer: Layer) -> list[str]:
     """Names the layer's subgraphs read from the enclosing graph, in order of first use."""
-    from dlbricks.onnx_io import _free_names, _subgraphs
+    from dlbricks.loading.onnx_io import _free_names, _subgraphs
 
     names: dict[str, None] = {}
     for a in layer.node.attribute:

@@ -16,7 +16,7 @@ import shutil
 import sys
 
 from dlbricks import __version__
-from dlbricks.model import DlbricksError, UsageError
+from dlbricks.errors import DlbricksError, UsageError
 
 # Order here is the order in `dlbricks --help`.
 _COMMANDS = [

@@ -21,6 +21,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from dlbricks import _core
+from dlbricks.versions import LAYER_DIGEST_VERSION
 from dlbricks.model import ConstInput, TensorType
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "layer_digest",
 ]
 
-LAYER_DIGEST_VERSION = 1
 LAYER_MAGIC = b"DLBRICKS-LAYER\x00"
 
 # Scalars are "params" whatever their dtype (Clip bounds, a scalar Mul, Pad's constant

@@ -21,7 +21,7 @@ missing for each kind present.
 
 Timing integrity: an agent runs one brick at a time: it generates the brick on its
 node (loading the model from its path there, cached), then times it in an isolated
-worker process (:func:`dlbricks.workers.run_isolated`) pinned to the node's cores;
+worker process (:func:`dlbricks.timing.workers.run_isolated`) pinned to the node's cores;
 session set-up stays off the clock as in the local runner. The driver keeps at most
 one brick in flight per agent, and since an agent holds the node's timing slot, no
 other dlbricks run (or anything else asking for the slot) times on that node at the
@@ -73,7 +73,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dlbricks.model import DlbricksError, ModelError, UsageError, layer_kinds, layer_names
+from dlbricks.errors import DlbricksError, ModelError, UsageError
+from dlbricks.model import layer_kinds, layer_names
 from dlbricks.pipeline import BenchSummary
 
 __all__ = [
@@ -165,7 +166,7 @@ def connect(address: str | None = "auto", *, namespace: str = "dlbricks") -> Ite
 def _versions() -> dict[str, Any]:
     """What must match between the driver and a node for digests to mean the same."""
     from dlbricks import __version__
-    from dlbricks.pipeline import brick_digest_version, model_digest_version
+    from dlbricks.versions import brick_digest_version, model_digest_version
 
     return {"dlbricks": __version__, "brick_digest": brick_digest_version(), "model_digest": model_digest_version()}
 
@@ -231,7 +232,7 @@ def sketch(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) 
 
 def _load_chunk(paths: Sequence[str], input_shapes: dict[str, tuple[int, ...]] | None) -> tuple[dict, list[tuple]]:
     """Ray task body: (versions, [(sketch or None, error or None, warnings) per path])."""
-    from dlbricks.onnx_io import load
+    from dlbricks.loading.onnx_io import load
 
     out = []
     for p in paths:
@@ -352,7 +353,7 @@ class _Agent:
 
     Timing runs in an isolated worker process (kept across bricks, replaced after a
     crash or a timeout), fed through a queue by a thread that runs
-    :func:`dlbricks.workers.run_isolated`; the actor's own thread generates the next
+    :func:`dlbricks.timing.workers.run_isolated`; the actor's own thread generates the next
     brick only after the previous result is back, so generation never overlaps a
     timing.
     """
@@ -377,7 +378,7 @@ class _Agent:
 
     def _serve(self) -> None:
         from dlbricks.timing import Failure
-        from dlbricks.workers import run_isolated
+        from dlbricks.timing.workers import run_isolated
 
         done = False
 
@@ -402,7 +403,7 @@ class _Agent:
 
         import ray
 
-        from dlbricks.sysinfo import system_fingerprint
+        from dlbricks.timing.sysinfo import system_fingerprint
 
         return {
             "fingerprint": system_fingerprint(),
@@ -415,7 +416,7 @@ class _Agent:
         }
 
     def _model(self, path: str, shapes: dict[str, tuple[int, ...]] | None) -> Any:
-        from dlbricks.onnx_io import load
+        from dlbricks.loading.onnx_io import load
 
         key = (path, tuple(sorted((shapes or {}).items())))
         if key in self.models:
@@ -438,7 +439,7 @@ class _Agent:
         from dlbricks.bricks import model_digest, whole_model, write_brick
         from dlbricks.pipeline import _write_whole
         from dlbricks.timing import Failure, Measurement
-        from dlbricks.workers import START_TIMEOUT_S, Job
+        from dlbricks.timing.workers import START_TIMEOUT_S, Job
 
         if self.setup_error is not None:
             return "failed", Failure(self.setup_error).to_dict(), 0.0
@@ -594,7 +595,7 @@ def bench_on_ray(
             the targets, or no agent started within ``start_timeout_s``).
     """
     from dlbricks.pipeline import _Progress, missing_work, plan_work
-    from dlbricks.sysinfo import fingerprint_id
+    from dlbricks.timing.sysinfo import fingerprint_id
     from dlbricks.timing import Failure, Measurement
 
     ray = _ray()

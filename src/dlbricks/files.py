@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from dlbricks.model import UsageError
+from dlbricks.errors import UsageError
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 

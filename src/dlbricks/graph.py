@@ -15,7 +15,6 @@ import numpy as np
 
 from dlbricks import _core
 
-SEQUENCE_DIGEST_VERSION: int = _core.SEQUENCE_DIGEST_VERSION
 _MAX_G = 2**31 - 1
 
 

@@ -1,6 +1,6 @@
 """The in-memory model that every part of dlbricks works on.
 
-A :class:`Model` is an ONNX graph after loading (see :mod:`dlbricks.onnx_io`):
+A :class:`Model` is an ONNX graph after loading (see :mod:`dlbricks.loading.onnx_io`):
 constants are folded away, every remaining node is a :class:`Layer` with concrete
 input and output types, and the graph is also available as flat arrays (per-layer
 digests and slot-annotated edges) in the form the C++ core consumes.
@@ -14,20 +14,12 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 
+from dlbricks.errors import DlbricksError
+
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 
-class DlbricksError(Exception):
-    """A user-facing error: one line that names the file (or object) and the cause."""
-
-
-class UsageError(DlbricksError):
-    """The command was asked something impossible (bad option value, missing path): exit 2."""
-
-
-class ModelError(DlbricksError):
-    """A model cannot be analysed (bad file, bad graph, unresolved shapes...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +107,7 @@ def unique_layer_name(node_name: str, op_type: str, index: int, taken: set[str])
 class LazyLayers(Sequence[Layer]):
     """A model's layers, built on first use.
 
-    The fast loader (:mod:`dlbricks.onnx_io`) computes digests, edges and layer kinds
+    The fast loader (:mod:`dlbricks.loading.onnx_io`) computes digests, edges and layer kinds
     without building a :class:`Layer` per node: analysing a corpus needs no more. The
     layers themselves (nodes, types, constants) are built the first time anything
     reads them. Each layer's :attr:`Layer.kind` is available at once, as ``kinds`` or,

@@ -15,30 +15,19 @@ import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.graph import SEQUENCE_DIGEST_VERSION, critical_path, sequence_graph
-from dlbricks.model import DlbricksError, Model, layer_kinds
+from dlbricks.graph import critical_path, sequence_graph
+from dlbricks.errors import DlbricksError
+from dlbricks.model import Model, layer_kinds
+from dlbricks.versions import brick_digest_version, model_digest_version
 
-
-def brick_digest_version() -> int:
-    """The version that keys brick results: the sequence form and the layer form it embeds."""
-    from dlbricks.digest import LAYER_DIGEST_VERSION
-
-    return SEQUENCE_DIGEST_VERSION * 100 + LAYER_DIGEST_VERSION
-
-
-#: Version of the whole-model digest (bricks.model_digest), combined like bricks'.
-MODEL_DIGEST_FORM = 1
-
-
-def model_digest_version() -> int:
-    from dlbricks.digest import LAYER_DIGEST_VERSION
-
-    return MODEL_DIGEST_FORM * 100 + LAYER_DIGEST_VERSION
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.store import Store
+    from dlbricks.timing.config import RunnerConfig
 
 
 @dataclass(slots=True)
@@ -257,8 +246,8 @@ def bench(
         a :class:`BenchSummary`.
     """
     from dlbricks.bricks import whole_model, write_brick
-    from dlbricks.sysinfo import fingerprint_id, system_fingerprint
-    from dlbricks.workers import Job
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
+    from dlbricks.timing.workers import Job
 
     start = time.perf_counter()
     fingerprint = system_fingerprint()
@@ -371,7 +360,7 @@ def _run_jobs(todo, job_stream, config, on_result, jobs: int) -> None:  # type: 
     """Run the job stream on ``jobs`` isolated workers, each pinned to its own core(s)."""
     from dataclasses import replace
 
-    from dlbricks.workers import run_isolated
+    from dlbricks.timing.workers import run_isolated
 
     if jobs <= 1 or len(todo) <= 1:
         run_isolated(job_stream(todo), config, on_result=on_result)
@@ -551,7 +540,7 @@ def evaluate(
     statistical rules, set-up included).
     """
     from dlbricks.bricks import model_digest
-    from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     whole = {m.name: m for m in (e2e_models if e2e_models is not None else models)}
     if measure_missing:

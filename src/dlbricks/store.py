@@ -29,7 +29,7 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dlbricks.model import DlbricksError
+from dlbricks.errors import DlbricksError
 from dlbricks.files import write_atomically
 from dlbricks.timing import Failure, Measurement, RunnerConfig
 
@@ -354,8 +354,8 @@ class Store:
     # ------------------------------------------------------------------ writing
 
     def put_system(self, fingerprint: Mapping[str, Any]) -> str:
-        """Record a system fingerprint (see :mod:`dlbricks.sysinfo`); returns its id."""
-        from dlbricks.sysinfo import fingerprint_id
+        """Record a system fingerprint (see :mod:`dlbricks.timing.sysinfo`); returns its id."""
+        from dlbricks.timing.sysinfo import fingerprint_id
 
         sid = fingerprint_id(fingerprint)
         self._write([(_SQL_SYSTEM, (sid, json.dumps(fingerprint, sort_keys=True), _now()))])
@@ -395,7 +395,7 @@ class Store:
             raise StoreError(f"kind must be one of {KINDS}, got {kind!r}")
         stmts: list[tuple[str, Sequence[Any]]] = []
         if isinstance(system, Mapping):
-            from dlbricks.sysinfo import fingerprint_id
+            from dlbricks.timing.sysinfo import fingerprint_id
 
             system_id = fingerprint_id(system)
             stmts.append((_SQL_SYSTEM, (system_id, json.dumps(system, sort_keys=True), _now())))

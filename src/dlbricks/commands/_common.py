@@ -7,10 +7,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlbricks.files import write_atomically
-from dlbricks.model import UsageError
+from dlbricks.errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.store import Store
+    from dlbricks.timing.config import RunnerConfig
+
 
 
 def add_model_args(p: argparse.ArgumentParser, *, nargs: str = "+") -> None:
@@ -234,7 +239,7 @@ def load_models(args: argparse.Namespace) -> list:
         print_err(f"skipped {e['error']}")
     models = loaded.models
     if getattr(args, "runtime_graph", False):
-        from dlbricks.runtime_graph import runtime_models
+        from dlbricks.loading.runtime_graph import runtime_models
 
         models = runtime_models(models, level=getattr(args, "opt_level", "default"), input_shapes=shapes)
     return models

@@ -21,7 +21,7 @@ from dlbricks.commands._common import (
     runner_config,
     warn,
 )
-from dlbricks.model import UsageError
+from dlbricks.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.pipeline import BenchSummary

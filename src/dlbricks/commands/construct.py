@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from dlbricks.commands._common import (
     add_model_args,
@@ -34,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dlbricks.pipeline import bench, reconstruct
-    from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     config = runner_config(args)
     models = load_models(args)

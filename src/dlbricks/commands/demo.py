@@ -6,6 +6,8 @@ report, in one work folder, with progress on stderr and the summary on stdout.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import json
 import sys
@@ -14,6 +16,11 @@ import time
 from pathlib import Path
 
 from dlbricks.commands._common import add_runner_args, parse_g_list, runner_config
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.store import Store
+    from dlbricks.timing.config import RunnerConfig
+
 
 
 def default_corpus_dir() -> Path:
@@ -42,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
     from dlbricks.bricks import generate_bricks
     from dlbricks.commands.evaluate import render_evaluation
     from dlbricks.pipeline import evaluate
-    from dlbricks.report import build_report
+    from dlbricks.report.html import build_report
     from dlbricks.store import Store
-    from dlbricks.sysinfo import system_fingerprint
+    from dlbricks.timing.sysinfo import system_fingerprint
 
     t0 = time.perf_counter()
     Gs = parse_g_list(args.G)
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     bricks_models = models
     if args.runtime_graph:
-        from dlbricks.runtime_graph import runtime_models
+        from dlbricks.loading.runtime_graph import runtime_models
 
         step("runtime graph: optimising every model with onnxruntime")
         bricks_models = runtime_models(models, level=args.opt_level)
@@ -113,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _roofline(models: list, store: "Store", store_path: Path, config: "RunnerConfig") -> dict:
     """Benanza-style bounds for the corpus from the G=1 results just measured."""
-    from dlbricks import roofline as rl
-    from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+    from dlbricks.roofline import analysis as rl
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     system_id = fingerprint_id(system_fingerprint())
     peaks = rl.peaks_for_store(store_path, config, system_id=system_id)

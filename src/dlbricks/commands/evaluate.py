@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from dlbricks.commands._common import (
     add_model_args,

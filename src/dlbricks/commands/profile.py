@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dlbricks.commands._common import parse_input_shapes, positive_int
 from dlbricks.files import write_atomically
-from dlbricks.model import UsageError
+from dlbricks.errors import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
         DlbricksError: the model cannot be loaded or run; OpenTelemetry output
             asked for without the SDK.
     """
-    from dlbricks.onnx_io import load
-    from dlbricks.profiling import ProfileOptions, parse_levels, profile_model, render_profile
+    from dlbricks.loading.onnx_io import load
+    from dlbricks.profiling.xsp import ProfileOptions, parse_levels, profile_model, render_profile
     from dlbricks.timing import RunnerConfig
-    from dlbricks.tracing import OtelConfig, Recorder, to_jsonable
+    from dlbricks.profiling.tracing import OtelConfig, Recorder, to_jsonable
 
     levels = parse_levels(args.levels)
     if not os.path.isfile(args.path):

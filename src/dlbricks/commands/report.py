@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dlbricks.commands._common import add_model_args, add_store_arg, parse_g_list, parse_input_shapes
-from dlbricks.model import UsageError
+from dlbricks.errors import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dlbricks.report import build_report, write_report
+    from dlbricks.report.html import build_report, write_report
 
     analysis = _read_json(args.analysis, "--analysis", ("models", "corpus"))
     evaluation = _read_json(args.evaluation, "--evaluation", ("per_g", "models"))
@@ -106,7 +106,7 @@ def _from_models(args: argparse.Namespace, analysis: dict | None, evaluation: di
     models = loaded.models
     if evaluation and evaluation.get("runtime_graph"):
         # The evaluation timed the bricks of the graphs onnxruntime executes.
-        from dlbricks.runtime_graph import runtime_models
+        from dlbricks.loading.runtime_graph import runtime_models
 
         level = (evaluation.get("config") or {}).get("graph_optimization", "default")
         models = runtime_models(models, level=level, input_shapes=shapes)

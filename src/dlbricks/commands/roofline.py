@@ -1,5 +1,5 @@
 """``dlbricks roofline``: layers and models against their roofline lower bounds, with
-headroom ranking and what-if scenarios (see :mod:`dlbricks.roofline`)."""
+headroom ranking and what-if scenarios (see :mod:`dlbricks.roofline.analysis`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dlbricks.commands._common import (
     runner_config,
     warn,
 )
-from dlbricks.model import DlbricksError, UsageError
+from dlbricks.errors import DlbricksError, UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _load_peaks(path: str):  # type: ignore[no-untyped-def]
-    from dlbricks.peaks import Peaks
+    from dlbricks.roofline.peaks import Peaks
 
     try:
         return Peaks.from_dict(json.loads(Path(path).read_text()))
@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
     import onnxruntime
 
     from dlbricks import __version__
-    from dlbricks import roofline as rl
+    from dlbricks.roofline import analysis as rl
     from dlbricks.pipeline import bench
     from dlbricks.store import Store, default_store_path
-    from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     if not args.noise >= 0:
         raise UsageError(f"--noise must be >= 0, got {args.noise}")

@@ -31,17 +31,8 @@ from onnx import AttributeProto, TensorProto
 
 from dlbricks import _core
 from dlbricks.digest import _head_prefix, _layer_digest_fields, constant_role, make_head, schema_defaults_of
-from dlbricks.model import (
-    ConstInput,
-    DlbricksError,
-    LazyLayers,
-    LazyMapping,
-    Layer,
-    Model,
-    ModelError,
-    TensorType,
-    unique_layer_name,
-)
+from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.model import ConstInput, LazyLayers, LazyMapping, Layer, Model, TensorType, unique_layer_name
 
 __all__ = ["DlbricksWarning", "MAX_ELEMENTS", "iter_model_paths", "load"]
 

@@ -32,7 +32,7 @@ Levels:
     G=1 for an unfused layer; the fused layers together otherwise, so that
     onnxruntime fuses the brick exactly as it fused the model). A worker process
     (``spawn``) times every brick with the Runner (the *isolated* time) and counts
-    its runs with Linux perf events (:mod:`dlbricks.perfevents`): cycles,
+    its runs with Linux perf events (:mod:`dlbricks.profiling.perfevents`): cycles,
     instructions, cache and branch misses where the machine exposes a PMU, plus
     task clock, page faults and context switches. Without hardware counters one
     line says so and the level carries on with the software counters only. The
@@ -95,9 +95,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from dlbricks.model import DlbricksError, Model, UsageError
+from dlbricks.errors import DlbricksError, UsageError
+from dlbricks.model import Model
 from dlbricks.timing import RunnerConfig
-from dlbricks.tracing import Recorder, SpanRef, perf_to_epoch_ns
+from dlbricks.profiling.tracing import Recorder, SpanRef, perf_to_epoch_ns
 
 __all__ = [
     "LEVELS",
@@ -190,7 +191,7 @@ class ProfileOptions:
         if int(self.warmup) < 0:
             raise UsageError(f"warmup must be >= 0, got {self.warmup!r}")
         if not self.hw_events:
-            from dlbricks.perfevents import HARDWARE_EVENTS, SOFTWARE_EVENTS
+            from dlbricks.profiling.perfevents import HARDWARE_EVENTS, SOFTWARE_EVENTS
 
             object.__setattr__(self, "hw_events", HARDWARE_EVENTS + SOFTWARE_EVENTS)
 
@@ -239,11 +240,12 @@ def _first_line(exc: BaseException) -> str:
 @contextlib.contextmanager
 def _timing_env(cfg: RunnerConfig) -> Any:
     """Pinning and flush-to-zero as the Runner sets them around its loop."""
-    from dlbricks.timing import _FloatEnv, _pinned
+    from dlbricks.timing.fpenv import FloatEnv
+    from dlbricks.timing.session import pinned
 
-    fenv = _FloatEnv()
+    fenv = FloatEnv()
     try:
-        with _pinned(cfg.cores):
+        with pinned(cfg.cores):
             yield fenv
     finally:
         fenv.restore()
@@ -758,7 +760,7 @@ def _group_key(model: Model, members: Sequence[int], g1: Sequence[str]) -> str:
 
 
 def _layer_record(model: Model, li: int, g1: Sequence[str]) -> dict[str, Any]:
-    from dlbricks.costmodel import layer_cost
+    from dlbricks.roofline.costmodel import layer_cost
 
     layer = model.layers[li]
     try:
@@ -829,7 +831,7 @@ def _median(xs: Sequence[float]) -> float | None:
 
 
 def _hw_job(job: Mapping[str, Any], setup: Mapping[str, Any], rec: Recorder, parent: SpanRef | None) -> dict[str, Any]:
-    from dlbricks.perfevents import CounterSet, PerfUnavailable, derived_metrics
+    from dlbricks.profiling.perfevents import CounterSet, PerfUnavailable, derived_metrics
     from dlbricks.timing import Runner, bind, make_inputs
 
     cfg = RunnerConfig.from_dict(setup["config"])
@@ -930,7 +932,7 @@ def _finite(v: float) -> float | None:
 
 class _HwWorker:
     def __init__(self, setup: dict[str, Any], start_timeout_s: float = 120.0):
-        from dlbricks.workers import start_worker
+        from dlbricks.timing.workers import start_worker
 
         self.proc, self.conn, pid = start_worker(
             mp.get_context("spawn"), _hw_worker_main, (setup,), name="dlbricks-hw-worker", what="hw worker",
@@ -1015,7 +1017,7 @@ def _context(options: ProfileOptions) -> dict[str, Any]:
     import onnxruntime as ort
 
     from dlbricks import __version__
-    from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     fp = system_fingerprint()
     return {
@@ -1048,7 +1050,7 @@ def profile_model(
     """Profile one model level by level (see the module docstring).
 
     Args:
-        model: the loaded model (:func:`dlbricks.onnx_io.load`).
+        model: the loaded model (:func:`dlbricks.loading.onnx_io.load`).
         options: levels, run counts, runner configurations.
         recorder: where spans go (Chrome trace, OpenTelemetry); a fresh one
             without OpenTelemetry when None. The caller writes its trace.
@@ -1404,7 +1406,7 @@ def _hw_level(
     warnings: list[str],
 ) -> dict[str, Any]:
     from dlbricks.bricks import generate_brick
-    from dlbricks.perfevents import HARDWARE_EVENTS, probe
+    from dlbricks.profiling.perfevents import HARDWARE_EVENTS, probe
 
     avail = probe(opts.hw_events)
     hw_wanted = [e for e in opts.hw_events if e in HARDWARE_EVENTS]

@@ -24,8 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from dlbricks.model import DlbricksError
-from dlbricks.timing import Failure, Measurement, Runner, RunnerConfig
+from dlbricks.errors import DlbricksError
+from dlbricks.timing.config import RunnerConfig
+from dlbricks.timing.runner import Failure, Measurement, Runner
 
 __all__ = ["Failure", "Job", "RunSummary", "run_isolated"]
 

@@ -42,7 +42,7 @@ from dlbricks.model import ConstInput, Layer, TensorType
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from dlbricks.peaks import Peaks
+    from dlbricks.roofline.peaks import Peaks
 
 __all__ = [
     "LayerCost",
@@ -795,7 +795,7 @@ def layer_from_node(
 ) -> Layer:
     """Build a :class:`Layer` from a node and its types, without a loader.
 
-    For tests and for graphs that did not come through :mod:`dlbricks.onnx_io`.
+    For tests and for graphs that did not come through :mod:`dlbricks.loading.onnx_io`.
     The digest is 16 zero bytes (not computed), so such layers must not be
     deduplicated by digest.
 

@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dlbricks.model import Model, ModelError
+from dlbricks.errors import ModelError
+from dlbricks.model import Model
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -134,7 +135,7 @@ def runtime_models(models: "list[Model]", *, level: str = "default", input_shape
         ModelError: a model has no path (in-memory models are optimised from their proto
             only when passed to :func:`optimized_model` directly) or fails to optimise.
     """
-    from dlbricks.onnx_io import load
+    from dlbricks.loading.onnx_io import load
 
     out = []
     for m in models:

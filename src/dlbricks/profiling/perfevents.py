@@ -28,7 +28,7 @@ import struct
 import sys
 from typing import Iterable, Mapping
 
-from dlbricks.model import DlbricksError
+from dlbricks.errors import DlbricksError
 
 __all__ = [
     "EVENTS",

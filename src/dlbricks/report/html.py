@@ -175,7 +175,7 @@ def brick_contributions(
     import numpy as np
 
     from dlbricks.corpus import Corpus
-    from dlbricks.pipeline import brick_digest_version
+    from dlbricks.versions import brick_digest_version
 
     sp = Corpus(models).split(int(G))
     occ = sp.occurrences()
@@ -453,7 +453,7 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _system_section(ctx: _Context) -> str:
-    from dlbricks.sysinfo import IDENTITY_FIELDS, fingerprint_id
+    from dlbricks.timing.sysinfo import IDENTITY_FIELDS, fingerprint_id
 
     parts: list[str] = []
     notes: list[str] = []
@@ -471,7 +471,7 @@ def _system_section(ctx: _Context) -> str:
         else:
             fps.update(systems)
     if not fps and ctx.system_id:
-        from dlbricks.sysinfo import system_fingerprint
+        from dlbricks.timing.sysinfo import system_fingerprint
 
         here = system_fingerprint()
         if fingerprint_id(here) == ctx.system_id:
@@ -813,7 +813,7 @@ def _speedup_section(ctx: _Context) -> str:
 
 def _top_bricks(ctx: _Context) -> tuple[list[dict[str, Any]], str]:
     """The ranked bricks and a sentence on how they were ranked."""
-    from dlbricks.pipeline import brick_digest_version
+    from dlbricks.versions import brick_digest_version
 
     Gs = ctx.Gs
     G = min(Gs) if Gs else None

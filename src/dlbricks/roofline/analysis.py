@@ -1,6 +1,6 @@
 """Roofline lower bounds and what-if analysis over measured layers (Benanza).
 
-Per layer, from :mod:`dlbricks.costmodel` and measured :class:`~dlbricks.peaks.Peaks`:
+Per layer, from :mod:`dlbricks.roofline.costmodel` and measured :class:`~dlbricks.roofline.peaks.Peaks`:
 
 * **bound** = ``max(flops / peak FLOP/s, bytes_min / bandwidth)`` seconds, and which
   side limits it (``compute``, ``memory``, or ``none`` for views that cost nothing);
@@ -67,13 +67,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.costmodel import LayerCost, layer_cost, roofline_terms
+from dlbricks.roofline.costmodel import LayerCost, layer_cost, roofline_terms
 from dlbricks.files import write_atomically
 from dlbricks.graph import critical_path
-from dlbricks.model import DlbricksError, Model, ModelError
+from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.model import Model
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dlbricks.peaks import Peaks
+    from dlbricks.roofline.peaks import Peaks
     from dlbricks.store import ResultRecord, Store
     from dlbricks.timing import RunnerConfig
 
@@ -125,7 +126,7 @@ def peaks_dir(store_path: str | os.PathLike[str]) -> Path:
 
     The store's SQLite schema has no peaks table; the JSON files there are keyed by
     system fingerprint id, thread count and pinned cores (see
-    :func:`dlbricks.peaks.load_or_measure_peaks`).
+    :func:`dlbricks.roofline.peaks.load_or_measure_peaks`).
     """
     return Path(store_path).parent / "peaks"
 
@@ -156,10 +157,10 @@ def peaks_for_store(
         ValueError: the cores cannot be used.
         OSError: the cache folder cannot be written.
     """
-    from dlbricks.peaks import load_or_measure_peaks
+    from dlbricks.roofline.peaks import load_or_measure_peaks
 
     if system_id is None:
-        from dlbricks.sysinfo import fingerprint_id, system_fingerprint
+        from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
         system_id = fingerprint_id(system_fingerprint())
     threads = config.intra_op_threads
@@ -437,7 +438,7 @@ def analyze(
         DlbricksError: two models share a name.
     """
     from dlbricks.bricks import model_digest
-    from dlbricks.pipeline import brick_digest_version, model_digest_version
+    from dlbricks.versions import brick_digest_version, model_digest_version
 
     if not noise >= 0:
         raise ValueError(f"noise must be >= 0, got {noise}")
@@ -567,7 +568,7 @@ def brick_headroom(
     Returns:
         Dicts, largest total headroom first.
     """
-    from dlbricks.pipeline import brick_digest_version
+    from dlbricks.versions import brick_digest_version
 
     corpus = Corpus(list(models))
     sp = corpus.split(G)
@@ -607,7 +608,7 @@ def rebatch(model: Model, batch: int) -> Model:
             is pinned: a Reshape/Flatten whose input and output sizes disagree (a
             hard-coded shape), or an output that carried the batch no longer does.
     """
-    from dlbricks.onnx_io import load
+    from dlbricks.loading.onnx_io import load
 
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from dlbricks.model import DlbricksError, UsageError
+from dlbricks.errors import DlbricksError, UsageError
 
 __all__ = [
     "ChromeEvent",

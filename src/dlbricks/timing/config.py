@@ -1,0 +1,143 @@
+"""How sessions are created and when sampling stops: the runner configuration that keys results."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Mapping
+
+
+from dlbricks.errors import DlbricksError
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
+
+
+_EXECUTION_MODES = ("sequential", "parallel")
+_GRAPH_OPTIMIZATIONS = ("default", "disable", "basic", "extended", "all")
+# Fields of RunnerConfig that change *what* is measured (and so key stored results).
+# The stopping rule and the timeout only change how long we sample, so results taken
+# with different min/max times are interchangeable and share a key.
+_IDENTITY_FIELDS = (
+    "intra_op_threads",
+    "inter_op_threads",
+    "execution_mode",
+    "graph_optimization",
+    "cores",
+    "denormals_as_zero",
+)
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How to create sessions and when to stop sampling.
+
+    Attributes:
+        intra_op_threads: onnxruntime intra-op threads (0 = onnxruntime's default).
+        inter_op_threads: onnxruntime inter-op threads (used in parallel mode).
+        execution_mode: ``"sequential"`` or ``"parallel"``.
+        graph_optimization: ``"default"`` (leave onnxruntime's default untouched),
+            ``"disable"``, ``"basic"``, ``"extended"`` or ``"all"``.
+        cores: logical CPUs to pin to, or None for no pinning. The calling thread is
+            pinned with ``os.sched_setaffinity``; with more than one intra-op thread the
+            pool threads are placed with ``session.intra_op_thread_affinities``.
+        warmup_iters: discarded iterations before sampling (at least this many...).
+        warmup_time: ...and at least this many seconds of them.
+        min_iters: never stop with fewer samples (this floor wins over ``max_time``).
+        min_time: never stop before this many seconds of sampling.
+        max_time: stop at this many seconds of sampling even if not converged.
+        target_ci: stop once the 95% CI of the median is within +/- this fraction
+            (0 disables this rule: sample until ``max_time``).
+        denormals_as_zero: set ``session.set_denormal_as_zero`` (flush-to-zero).
+        timeout_s: per-job limit used by :mod:`dlbricks.timing.workers` (set-up included).
+    """
+
+    intra_op_threads: int = 1
+    inter_op_threads: int = 1
+    execution_mode: str = "sequential"
+    graph_optimization: str = "default"
+    cores: tuple[int, ...] | None = None
+    warmup_iters: int = 5
+    warmup_time: float = 0.05
+    min_iters: int = 10
+    min_time: float = 0.2
+    max_time: float = 2.0
+    target_ci: float = 0.01
+    denormals_as_zero: bool = True
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.cores is not None:
+            # Accept any iterable (a JSON list, a range...) but store a sorted tuple so
+            # that equal pinning gives equal configs and equal keys.
+            cores = tuple(sorted({int(c) for c in self.cores}))
+            if not cores or any(c < 0 for c in cores):
+                raise DlbricksError(f"RunnerConfig: cores must be non-negative CPU ids, got {self.cores!r}")
+            object.__setattr__(self, "cores", cores)
+        if self.execution_mode not in _EXECUTION_MODES:
+            raise DlbricksError(
+                f"RunnerConfig: execution_mode must be one of {_EXECUTION_MODES}, got {self.execution_mode!r}"
+            )
+        if self.graph_optimization not in _GRAPH_OPTIMIZATIONS:
+            raise DlbricksError(
+                f"RunnerConfig: graph_optimization must be one of {_GRAPH_OPTIMIZATIONS}, "
+                f"got {self.graph_optimization!r}"
+            )
+        for name in ("intra_op_threads", "inter_op_threads", "warmup_iters", "min_iters"):
+            if int(getattr(self, name)) < 0:
+                raise DlbricksError(f"RunnerConfig: {name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("warmup_time", "min_time", "max_time", "target_ci"):
+            if not float(getattr(self, name)) >= 0:
+                raise DlbricksError(f"RunnerConfig: {name} must be >= 0, got {getattr(self, name)!r}")
+        if self.max_time < self.min_time:
+            raise DlbricksError(f"RunnerConfig: max_time ({self.max_time}) < min_time ({self.min_time})")
+        if not self.timeout_s > 0:
+            raise DlbricksError(f"RunnerConfig: timeout_s must be > 0, got {self.timeout_s!r}")
+        if self.cores is not None and self.intra_op_threads == 0:
+            # onnxruntime's default thread count ignores the affinity mask, so pinning
+            # would oversubscribe the pinned cores.
+            raise DlbricksError("RunnerConfig: set intra_op_threads explicitly when pinning cores")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (``cores`` as a list or None)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["cores"] = list(self.cores) if self.cores is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunnerConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (newer writers).
+
+        Raises:
+            DlbricksError: a value is invalid.
+        """
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        if kwargs.get("cores") is not None:
+            kwargs["cores"] = tuple(kwargs["cores"])
+        return cls(**kwargs)
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that change what is measured (see :meth:`key`).
+
+        Pinning counts as the number of pinned CPUs, not their ids: the same run on
+        CPU 0 or CPU 1 of one machine measures the same thing, and parallel workers
+        (``bench --jobs``), each pinned to its own CPU, must share one key.
+        """
+        d = self.to_dict()
+        ident = {k: d[k] for k in _IDENTITY_FIELDS}
+        ident["cores"] = None if self.cores is None else len(self.cores)
+        return ident
+
+    def key(self) -> str:
+        """A stable 16-hex-digit key over :meth:`identity`, used to key stored results.
+
+        Thread counts, execution mode, optimisation level, the number of pinned
+        cores and the denormals flag count; the stopping rule and the timeout do not.
+        """
+        canon = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]

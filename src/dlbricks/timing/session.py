@@ -1,0 +1,190 @@
+"""The one way dlbricks creates, binds and pins an onnxruntime session."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+import numpy as np
+
+from dlbricks.errors import DlbricksError
+
+from dlbricks.timing.config import RunnerConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnxruntime
+
+def _affinity_string(cores: tuple[int, ...], threads: int) -> str:
+    # One entry per pool thread (onnxruntime does not place the calling thread);
+    # ids are 1-based. The calling thread keeps cores[0], so pool threads start at
+    # cores[1] and wrap round when there are more threads than cores.
+    return ";".join(str(cores[(i + 1) % len(cores)] + 1) for i in range(threads - 1))
+
+
+def model_label(model: Any) -> str:
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    graph = getattr(model, "graph", None)
+    return f"<model {graph.name}>" if graph is not None and graph.name else "<model>"
+
+
+def session_options(cfg: RunnerConfig) -> onnxruntime.SessionOptions:
+    """onnxruntime ``SessionOptions`` for a runner configuration (threads, execution
+    mode, optimisation level, denormals, pool-thread affinities). Every session that
+    dlbricks times is created with these, so the profiler's sessions match the runner's."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = cfg.intra_op_threads
+    so.inter_op_num_threads = cfg.inter_op_threads
+    so.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL if cfg.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
+    if cfg.graph_optimization != "default":
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[cfg.graph_optimization]
+    so.log_severity_level = 3  # errors only: warnings would drown the CLI's output
+    if cfg.denormals_as_zero:
+        so.add_session_config_entry("session.set_denormal_as_zero", "1")
+    if cfg.cores is not None and cfg.intra_op_threads > 1:
+        so.add_session_config_entry("session.intra_op_thread_affinities", _affinity_string(cfg.cores, cfg.intra_op_threads))
+    return so
+
+
+def create_session(model: Any, config: RunnerConfig | None = None) -> onnxruntime.InferenceSession:
+    """Create a CPU ``InferenceSession`` with the options of ``config``.
+
+    Pinning of the calling thread is the caller's business (see :meth:`Runner.time`);
+    this only adds the pool-thread affinities.
+
+    Args:
+        model: a path, serialized bytes or an ``onnx.ModelProto``.
+        config: the runner configuration (defaults to ``RunnerConfig()``).
+
+    Returns:
+        The session.
+
+    Raises:
+        DlbricksError: onnxruntime rejects the model or the options.
+    """
+    import onnxruntime as ort
+
+    so = session_options(config or RunnerConfig())
+    if isinstance(model, (str, os.PathLike)):
+        src: Any = os.fspath(model)
+    elif isinstance(model, (bytes, bytearray)):
+        src = bytes(model)
+    else:
+        src = model.SerializeToString()
+    try:
+        return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own pybind exception types
+        raise DlbricksError(f"{model_label(model)}: onnxruntime cannot load the model: {exc}") from exc
+
+
+class BoundSession:
+    """A session with its inputs and outputs bound once, ready to run repeatedly.
+
+    Inputs live in pre-allocated ``OrtValue`` objects. After the first run the
+    produced outputs are bound back, so later runs write into the same buffers and
+    an iteration allocates nothing on the Python side. onnxruntime cannot bind
+    string tensors; a model with string inputs or outputs falls back to
+    ``session.run`` (``uses_iobinding`` is then False).
+    """
+
+    def __init__(self, session: onnxruntime.InferenceSession, feeds: Mapping[str, np.ndarray]):
+        import onnxruntime as ort
+
+        self.session = session
+        self._out_names = [o.name for o in session.get_outputs()]
+        arrays = {n: np.ascontiguousarray(a) for n, a in feeds.items()}
+        has_strings = any(a.dtype.kind in "OU" for a in arrays.values()) or any(
+            o.type == "tensor(string)" for o in session.get_outputs()
+        )
+        self.uses_iobinding = not has_strings
+        if has_strings:
+            self._feeds = arrays
+            self._last: list[Any] = session.run(None, arrays)
+            self.run_fn: Any = session.run
+            self.run_args: tuple[Any, Any] = (None, arrays)
+            return
+        self._values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in arrays.items()}
+        self._binding = session.io_binding()
+        for name, value in self._values.items():
+            self._binding.bind_ortvalue_input(name, value)
+        for name in self._out_names:
+            self._binding.bind_output(name, "cpu")
+        # First run through the public API, which validates that the binding belongs
+        # to this session.
+        session.run_with_iobinding(self._binding)
+        produced = self._binding.get_outputs()
+        try:
+            self._binding.clear_binding_outputs()
+            for name, value in zip(self._out_names, produced):
+                self._binding.bind_ortvalue_output(name, value)
+            session.run_with_iobinding(self._binding)
+        except Exception:  # e.g. sequence outputs cannot be pre-bound: let ORT allocate
+            self._binding.clear_binding_outputs()
+            for name in self._out_names:
+                self._binding.bind_output(name, "cpu")
+            session.run_with_iobinding(self._binding)
+        # The public run_with_iobinding wraps the C++ call in WebGPU graph-capture
+        # bookkeeping (several Python calls); on CPU the raw call does the same work,
+        # so use it when available to keep Python off the clock.
+        raw_sess = getattr(session, "_sess", None)
+        raw_binding = getattr(self._binding, "_iobinding", None)
+        if raw_sess is not None and raw_binding is not None and hasattr(raw_sess, "run_with_iobinding"):
+            self.run_fn = raw_sess.run_with_iobinding
+            self.run_args = (raw_binding, None)
+        else:
+            self.run_fn = session.run_with_iobinding
+            self.run_args = (self._binding, None)
+
+    def run(self) -> None:
+        """Run once (the timed loop inlines this call)."""
+        a, b = self.run_args
+        if self.uses_iobinding:
+            self.run_fn(a, b)
+        else:
+            self._last = self.run_fn(a, b)
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The outputs of the latest run (of :meth:`run` or the binding runs), as numpy."""
+        if not self.uses_iobinding:
+            return {n: np.asarray(v) for n, v in zip(self._out_names, self._last)}
+        return {n: v.numpy() for n, v in zip(self._out_names, self._binding.get_outputs())}
+
+
+def bind(session: onnxruntime.InferenceSession, feeds: Mapping[str, np.ndarray]) -> BoundSession:
+    """Bind ``feeds`` and the outputs of ``session`` (runs the session twice).
+
+    Raises:
+        DlbricksError: a run fails (bad input, kernel error).
+    """
+    try:
+        return BoundSession(session, feeds)
+    except Exception as exc:
+        raise DlbricksError(f"cannot run the session with IOBinding: {exc}") from exc
+
+
+@contextlib.contextmanager
+def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
+    if cores is None:
+        yield
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        raise DlbricksError("pinning cores needs os.sched_setaffinity (Linux)")
+    old = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as exc:
+        raise DlbricksError(f"cannot pin to cores {list(cores)} (allowed: {sorted(old)}): {exc}") from exc
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)

@@ -7,7 +7,6 @@ import json
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping
 
-
 from dlbricks.errors import DlbricksError
 
 if TYPE_CHECKING:  # pragma: no cover

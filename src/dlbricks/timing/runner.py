@@ -16,7 +16,6 @@ onnxruntime is imported lazily so that ``import dlbricks`` stays fast.
 """
 from __future__ import annotations
 
-import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -31,8 +30,21 @@ if TYPE_CHECKING:  # pragma: no cover
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.fpenv import FloatEnv, count_denormals, denormals_flushed
 from dlbricks.timing.inputs import ORT_TYPES, make_inputs
-from dlbricks.timing.session import BoundSession, bind, create_session, model_label, pinned
-from dlbricks.timing.stats import DRIFT_BLOCKS, DRIFT_WARN, Stats, ci_converged, summarize
+from dlbricks.timing.session import (
+    BoundSession,
+    bind,
+    create_session,
+    model_label,
+    pinned,
+    timed_runs,
+)
+from dlbricks.timing.stats import (
+    DRIFT_BLOCKS,
+    DRIFT_WARN,
+    Stats,
+    ci_converged,
+    summarize,
+)
 
 MEASUREMENT_SCHEMA_VERSION = 1
 
@@ -324,51 +336,32 @@ class Runner:
 
     def _warm_up(self, bound: BoundSession) -> int:
         cfg = self.config
-        run, (a, b) = bound.run_fn, bound.run_args
-        clock = time.perf_counter_ns
-        start = clock()
-        until = start + int(cfg.warmup_time * 1e9)
-        cap = start + int(cfg.max_time * 1e9)  # a slow brick is not warmed for ages
-        n = 0
-        while n < cfg.warmup_iters or clock() < until:
-            run(a, b)
-            n += 1
-            if clock() >= cap:
-                break
-        return n
+        start = time.perf_counter_ns()
+        # A slow brick is not warmed for ages: warm-up stops at max_time whatever the count.
+        cap = start + int(cfg.max_time * 1e9)
+        warm = timed_runs(bound, 1, until_ns=min(start + int(cfg.warmup_time * 1e9), cap))
+        while len(warm) < cfg.warmup_iters and time.perf_counter_ns() < cap:
+            timed_runs(bound, 1, out=warm)
+        return len(warm)
 
     def _sample(self, bound: BoundSession) -> tuple[list[int], str]:
         cfg = self.config
-        # Every run_fn takes exactly two arguments, so the call on the clock is a
-        # plain two-argument call (no tuple unpacking).
-        run, (a, b) = bound.run_fn, bound.run_args
         clock = time.perf_counter_ns
         times: list[int] = []
-        append = times.append
         min_iters = max(1, cfg.min_iters)
         target = cfg.target_ci
         start = clock()
         min_t = start + int(cfg.min_time * 1e9)
         max_t = start + int(cfg.max_time * 1e9)
-        # The stopping rule is evaluated only when the clock passes check_t, so an
-        # ordinary iteration costs two clock reads, one append and one comparison.
-        # Checkpoints are spaced at 10% of the elapsed time (>= 1 ms), which keeps
-        # the O(n) CI computation amortised O(1) per iteration.
+        # The stopping rule is evaluated only at checkpoints spaced at 10% of the
+        # elapsed time (>= 1 ms), which keeps the O(n) CI computation amortised O(1)
+        # per iteration.
         check_t = min_t
-        gc_on = gc.isenabled()
-        gc.disable()  # a collection inside the timed region would be a spurious outlier
-        try:
-            while True:
-                t0 = clock()
-                run(a, b)
-                t1 = clock()
-                append(t1 - t0)
-                if t1 >= check_t and len(times) >= min_iters:
-                    if t1 >= max_t:
-                        return times, "max_time"
-                    if target > 0 and ci_converged(times, target):
-                        return times, "converged"
-                    check_t = min(t1 + max((t1 - start) // 10, 1_000_000), max_t)
-        finally:
-            if gc_on:
-                gc.enable()
+        while True:
+            timed_runs(bound, max(0, min_iters - len(times)), until_ns=check_t, out=times)
+            t1 = clock()
+            if t1 >= max_t:
+                return times, "max_time"
+            if target > 0 and ci_converged(times, target):
+                return times, "converged"
+            check_t = min(t1 + max((t1 - start) // 10, 1_000_000), max_t)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
+import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
 
 from dlbricks.errors import DlbricksError
-
 from dlbricks.timing.config import RunnerConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -188,3 +189,47 @@ def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, old)
+
+
+def timed_runs(
+    bound: BoundSession, count: int = 0, *, until_ns: int = 0, out: list[int] | None = None
+) -> list[int]:
+    """The one timed loop: run ``bound`` at least ``count`` times and until
+    ``time.perf_counter_ns()`` passes ``until_ns``, timing each run on its own.
+
+    An iteration is two clock reads around one call into onnxruntime, one append and
+    one comparison: every ``run_fn`` takes exactly two arguments, so the call on the
+    clock is a plain two-argument call. The garbage collector is off inside the loop,
+    since a collection there would be a spurious outlier.
+
+    Args:
+        bound: the bound session.
+        count: the fewest runs.
+        until_ns: keep running until the clock passes this (0: ``count`` runs only).
+        out: append the durations (ns) here instead of to a new list.
+
+    Returns:
+        The list the durations were appended to.
+    """
+    run, (a, b) = bound.run_fn, bound.run_args
+    clock = time.perf_counter_ns
+    times: list[int] = [] if out is None else out
+    append = times.append
+    gc_on = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(count):
+            t0 = clock()
+            run(a, b)
+            append(clock() - t0)
+        if until_ns:
+            t1 = clock()
+            while t1 < until_ns:
+                t0 = clock()
+                run(a, b)
+                t1 = clock()
+                append(t1 - t0)
+    finally:
+        if gc_on:
+            gc.enable()
+    return times

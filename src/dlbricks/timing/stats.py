@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-
 if TYPE_CHECKING:  # pragma: no cover
     pass
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlbricks.files import write_atomically
-from dlbricks.errors import UsageError
+from dlbricks.errors import DlbricksError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import Store
@@ -219,7 +219,9 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> "RunnerConfig":
             denormals_as_zero=not args.allow_denormals,
             timeout_s=args.timeout,
         )
-    except Exception as exc:
+    except DlbricksError as exc:
+        # RunnerConfig rejects impossible settings with a DlbricksError: the user's to
+        # fix (exit 2). Anything else is a bug and propagates as one (exit 1, traceback).
         raise UsageError(str(exc)) from None
 
 

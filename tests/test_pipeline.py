@@ -18,14 +18,9 @@ from conftest import light
 from dlbricks.cli import main
 from dlbricks.corpus import Corpus
 from dlbricks.loading.onnx_io import load
-from dlbricks.pipeline import (
-    MissingResults,
-    bench,
-    bootstrap_medians,
-    brick_digest_version,
-    evaluate,
-    reconstruct,
-)
+from dlbricks.pipeline import bench, evaluate
+from dlbricks.reconstruct import MissingResults, bootstrap_medians, reconstruct
+from dlbricks.versions import brick_digest_version
 from dlbricks.store import Store, StoreError
 from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 from dlbricks.timing import Measurement, RunnerConfig, summarize
@@ -254,3 +249,73 @@ def test_a_killed_bench_run_resumes_without_losing_results(tmp_path):
         assert s.bricks_reused == kept
         assert s.bricks_measured == s.bricks_total - kept
         assert store.count(kind="brick") == s.bricks_total
+
+
+def _zoo(tmp_path):
+    """A model-zoo layout: two different networks, both called model.onnx."""
+    for sub, proto in (("a", chain_model(3)), ("b", diamond_model())):
+        (tmp_path / "zoo" / sub).mkdir(parents=True)
+        onnx.save(proto, str(tmp_path / "zoo" / sub / "model.onnx"))
+    return tmp_path / "zoo"
+
+
+def test_models_with_the_same_file_name_stay_apart_in_evaluate(tmp_path, capsys):
+    from dlbricks.bricks import model_digest
+    from dlbricks.versions import model_digest_version
+
+    zoo = _zoo(tmp_path)
+    store_path = tmp_path / "s.sqlite"
+    code = main(["evaluate", str(zoo), "-G", "1", "--store", str(store_path), "--json", "--bootstrap", "20", *FAST_CLI])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    rows = {m["name"]: m for m in out["models"]}
+    assert sorted(rows) == ["a/model", "b/model"]
+    sid = fingerprint_id(system_fingerprint())
+    with Store(store_path, readonly=True) as store:
+        assert sorted(m["name"] for m in store.models().values()) == ["a/model", "b/model"]
+        for sub in ("a", "b"):
+            row = rows[f"{sub}/model"]
+            assert row["path"] == str(zoo / sub / "model.onnx")
+            # Each model is paired with its own end-to-end run, not the other's.
+            rec = store.get_result("model", model_digest(load(row["path"])), model_digest_version(), sid, out["config_key"])
+            assert row["e2e_s"] == pytest.approx(rec.median_ns * 1e-9)
+    assert rows["a/model"]["layers"] == 6 and rows["b/model"]["layers"] == 4
+
+
+def test_models_with_the_same_file_name_get_distinct_names_in_analyze(tmp_path, capsys):
+    zoo = _zoo(tmp_path)
+    assert main(["analyze", str(zoo), "-G", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [m["name"] for m in out["models"]] == ["a/model", "b/model"]
+    assert out["corpus"]["jaccard"]["names"] == ["a/model", "b/model"]
+
+
+def test_evaluate_pairs_models_by_position_even_under_one_name(tmp_path):
+    a, b = load(chain_model(3), name="net"), load(diamond_model(), name="net")
+    with Store(tmp_path / "s.sqlite") as store:
+        result = evaluate([a, b], [1], store=store, config=FAST, n_boot=20)
+    assert [m["name"] for m in result["models"]] == ["net", "net#2"]
+    assert [m["layers"] for m in result["models"]] == [6, 4]
+    e2e = [m["e2e_s"] for m in result["models"]]
+    assert e2e[0] != e2e[1]
+
+
+def test_evaluating_fast_loaded_models_never_builds_their_layers(tmp_path):
+    from dlbricks.analysis import load_corpus
+    from dlbricks.report.html import brick_contributions
+
+    zoo = _zoo(tmp_path)
+    with Store(tmp_path / "s.sqlite") as store:
+        bench(load_corpus([zoo]).models, [1, 2], store=store, config=FAST, e2e=True)  # generates: builds layers
+        models = load_corpus([zoo]).models
+        assert all(not m.layers.is_materialized for m in models)
+        result = evaluate(models, [1, 2], store=store, config=FAST, n_boot=20)
+        assert all(b["op_types"] for b in result["bricks"])
+        assert all(not m.layers.is_materialized for m in models)
+    # The report's fallback when the store has no brick metadata: kinds from the loader too.
+    with Store(tmp_path / "bare.sqlite") as bare:
+        sid, key = store_fake_results(bare, [load(chain_model(3))], 1, {"Conv": 1000.0, "Relu": 100.0})
+        fresh = load_corpus([zoo / "a"]).models
+        rows = brick_contributions(fresh, 1, store=bare, system_id=sid, config_key=key)
+    assert sorted(r["op_types"][0] for r in rows) == ["Conv", "Relu"]
+    assert not fresh[0].layers.is_materialized

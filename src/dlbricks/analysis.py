@@ -13,7 +13,7 @@ import numpy as np
 
 from dlbricks.corpus import Corpus
 from dlbricks.errors import DlbricksError, ModelError, UsageError
-from dlbricks.model import Model
+from dlbricks.model import Model, name_distinctly
 
 SCHEMA_VERSION = 1
 
@@ -41,6 +41,7 @@ class LoadedCorpus:
             ModelError: every model failed (the message quotes the first error).
         """
         self.load_s = time.perf_counter() - start
+        name_distinctly(self.models)  # zoo/a/model.onnx and zoo/b/model.onnx: a/model, b/model
         if not self.models and self.errors:
             raise ModelError(f"no model could be loaded ({len(self.errors)} failed; first: {self.errors[0]['error']})")
         return self

@@ -437,7 +437,7 @@ class _Agent:
             ("ok", measurement dict, generation seconds) or ("failed", failure dict, ...).
         """
         from dlbricks.bricks import model_digest, whole_model, write_brick
-        from dlbricks.pipeline import _write_whole
+        from dlbricks.pipeline import write_whole_model
         from dlbricks.timing import Failure, Measurement
         from dlbricks.timing.workers import START_TIMEOUT_S, Job
 
@@ -460,7 +460,7 @@ class _Agent:
                     raise DlbricksError(f"{item['path']}: the model on this node differs from the driver's "
                                         "(model digest)")
                 proto, info = whole_model(model, seed=self.seed)
-                _write_whole(proto, path)
+                write_whole_model(proto, path)
         except DlbricksError as exc:
             return "failed", Failure(str(exc)).to_dict(), time.perf_counter() - t0
         gen_s = time.perf_counter() - t0
@@ -594,7 +594,8 @@ def bench_on_ray(
         DlbricksError: no node can time (none offers the timing resource or matches
             the targets, or no agent started within ``start_timeout_s``).
     """
-    from dlbricks.pipeline import _Progress, missing_work, plan_work
+    from dlbricks.pipeline import missing_work, plan_work
+    from dlbricks.progress import Progress
     from dlbricks.timing.sysinfo import fingerprint_id
     from dlbricks.timing import Failure, Measurement
 
@@ -731,7 +732,7 @@ def bench_on_ray(
                     summary.lost += 1
                     record(sid, item, Failure(f"not measured: no live node of system {sid}", "lost"), None)
 
-    with _Progress(progress, "benchmarking on ray") as bar:
+    with Progress(progress, "benchmarking on ray") as bar:
         discover()
         if not agents:
             raise DlbricksError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
 
 import numpy as np
 
@@ -18,8 +18,6 @@ from dlbricks.errors import DlbricksError
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
-
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,3 +296,102 @@ class Model:
             for slot in layer.activation_slots():
                 out.setdefault(layer.inputs[slot], []).append((layer.index, slot))
         return out
+
+
+class HasKind(Protocol):
+    """A layer as the pipeline reads it: a :class:`Layer`, or a sketch of one."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+class ModelLike(Protocol):
+    """What the dedup, the planner and reconstruction read from a model.
+
+    A :class:`Model` offers it; so does :class:`dlbricks.distributed.ModelSketch`, which
+    stands in for one where no ONNX node is needed. Generating a brick needs the full
+    :class:`Model` (its layers' nodes and types).
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def layers(self) -> Sequence[HasKind]: ...  # a LazyLayers exposes ``kinds`` without building
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def digests(self) -> np.ndarray: ...
+    @property
+    def edge_src(self) -> np.ndarray: ...
+    @property
+    def edge_src_slot(self) -> np.ndarray: ...
+    @property
+    def edge_dst(self) -> np.ndarray: ...
+    @property
+    def edge_dst_slot(self) -> np.ndarray: ...
+
+
+def distinct_names(names: Sequence[str], paths: Sequence[str | None]) -> list[str]:
+    """Display names that tell models apart, readable in a table.
+
+    A name shared by several models (``model.onnx`` in every folder of a model zoo) is
+    replaced, for each of them, by the shortest suffix of its path (folders joined by
+    ``/``, the file without ``.onnx``) that no other model of that name ends with:
+    ``zoo/a/model.onnx`` and ``zoo/b/model.onnx`` become ``a/model`` and ``b/model``.
+    Models without a path, or whose paths cannot tell them apart, get ``#2``, ``#3``...
+    after their name. Names already distinct come back unchanged.
+
+    Args:
+        names: each model's name (:attr:`Model.name`).
+        paths: each model's file, or None.
+
+    Returns:
+        one distinct name per model, in order.
+    """
+    import os
+
+    if len(names) != len(paths):
+        raise ValueError(f"{len(names)} names but {len(paths)} paths")
+    groups: dict[str, list[int]] = {}
+    for i, n in enumerate(names):
+        groups.setdefault(n, []).append(i)
+    out = list(names)
+    for name, members in groups.items():
+        if len(members) < 2:
+            continue
+        parts: dict[int, list[str]] = {}
+        for i in members:
+            p = paths[i]
+            if p is not None:
+                split = os.path.abspath(os.fspath(p)).replace(os.sep, "/").strip("/").split("/")
+                split[-1] = split[-1][: -len(".onnx")] if split[-1].endswith(".onnx") else split[-1]
+                parts[i] = split
+        for i, own in parts.items():
+            for k in range(1, len(own) + 1):
+                mine = own[-k:]
+                if all(other[-k:] != mine for j, other in parts.items() if j != i):
+                    out[i] = "/".join(mine)
+                    break
+    # What paths could not separate (no path, the same file twice, or a suffix that is
+    # another model's name): numbered in order.
+    seen: dict[str, int] = {}
+    for i, n in enumerate(out):
+        seen[n] = seen.get(n, 0) + 1
+        if seen[n] > 1:
+            candidate = f"{n}#{seen[n]}"
+            while candidate in seen:
+                seen[n] += 1
+                candidate = f"{n}#{seen[n]}"
+            seen[candidate] = 1
+            out[i] = candidate
+    return out
+
+
+def name_distinctly(models: Sequence[Any]) -> None:
+    """Give every model of a corpus a distinct :attr:`~Model.name` (:func:`distinct_names`), in place."""
+    names = distinct_names([m.name for m in models], [m.path for m in models])
+    for m, n in zip(models, names):
+        if m.name != n:
+            m.name = n

@@ -1,33 +1,45 @@
-"""Benchmarking a corpus through its bricks, and reconstructing model latency.
+"""Benchmarking a corpus through its bricks: planning and measuring.
 
 The flow: split every model at each G, dedup the sequences, look each unique brick up
 in the store (keyed by brick digest, digest version, system fingerprint and runner
-configuration), generate and time only what is missing (in isolated worker
-processes, each result committed at once), then rebuild every model's latency from
-its bricks and compare with end-to-end runs.
+configuration), then generate and time only what is missing (in isolated worker
+processes, each result committed at once). Rebuilding a model's latency from its
+bricks is :mod:`dlbricks.reconstruct`; comparing it with end-to-end runs is
+:func:`evaluate` (:mod:`dlbricks.evaluation`, re-exported here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.graph import critical_path, sequence_graph
 from dlbricks.errors import DlbricksError
-from dlbricks.model import Model, layer_kinds
+from dlbricks.evaluation import evaluate
+from dlbricks.model import Model, ModelLike, layer_kinds
+from dlbricks.progress import Progress
 from dlbricks.versions import brick_digest_version, model_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import Store
+    from dlbricks.timing import Failure, Measurement
     from dlbricks.timing.config import RunnerConfig
+    from dlbricks.timing.workers import Job
+
+__all__ = ["BenchSummary", "WorkItem", "bench", "evaluate", "missing_work", "plan_work", "unique_bricks",
+           "write_whole_model"]
+
+#: What the job loop reports for each job: the job and its measurement or failure.
+OnResult = Callable[["Job", "Measurement | Failure"], None]
+#: Turns work items into jobs, lazily (a brick is generated just before it is timed).
+JobStream = Callable[[Sequence["WorkItem"]], Iterator["Job"]]
 
 
 @dataclass(slots=True)
@@ -52,72 +64,14 @@ class BenchSummary:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class _Progress:
-    """Progress on stderr: a rich bar (done, total, ETA) on a terminal, else a plain
-    line every 10% or 30 s, so logs of long runs show that they advance."""
-
-    def __init__(self, enabled: bool, description: str) -> None:
-        self.enabled = enabled
-        self.description = description
-        self._progress = None
-        self._task = None
-        self._total = 0
-        self._done = 0
-        self._start = time.perf_counter()
-        self._last_line = 0.0
-        self._last_pct = -1
-
-    def __enter__(self) -> "_Progress":
-        if self.enabled and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-            self._progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
-                TimeElapsedColumn(),
-                console=Console(file=sys.stderr),
-                transient=False,
-            )
-            self._progress.__enter__()
-            self._task = self._progress.add_task(self.description, total=0)
-        return self
-
-    def set_total(self, total: int) -> None:
-        self._total = total
-        if self._progress is not None:
-            self._progress.update(self._task, total=total)
-
-    def advance(self, n: int = 1) -> None:
-        self._done += n
-        if self._progress is not None:
-            self._progress.advance(self._task, n)
-        elif self.enabled and self._total:
-            now = time.perf_counter()
-            pct = 100 * self._done // self._total
-            if pct // 10 > self._last_pct // 10 or now - self._last_line > 30 or self._done == self._total:
-                elapsed = now - self._start
-                eta = elapsed / self._done * (self._total - self._done)
-                print(f"{self.description}: {self._done}/{self._total} ({pct}%), {elapsed:.0f} s elapsed, "
-                      f"eta {eta:.0f} s", file=sys.stderr, flush=True)
-                self._last_line, self._last_pct = now, pct
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(None, None, None)
-
-
-def unique_bricks(models: Sequence[Model], Gs: Sequence[int]) -> dict[str, tuple[Model, np.ndarray, int]]:
+def unique_bricks(models: Sequence[ModelLike], Gs: Sequence[int]) -> dict[str, tuple[ModelLike, np.ndarray, int]]:
     """Unique bricks over all G: digest hex -> (source model, members, G first seen at).
 
     A single-layer window has the same digest whichever G produced it, so bricks
     shared between granularities are measured once.
     """
     corpus = Corpus(models)
-    out: dict[str, tuple[Model, np.ndarray, int]] = {}
+    out: dict[str, tuple[ModelLike, np.ndarray, int]] = {}
     for G in Gs:
         sp = corpus.split(G)
         for u in range(sp.n_unique):
@@ -136,19 +90,19 @@ class WorkItem:
     kind: str  # "brick" | "model"
     digest: str
     version: int
-    model: Any  # a Model, or anything with the same digests/layers (distributed.ModelSketch)
+    model: ModelLike  # a Model; on Ray a distributed.ModelSketch, which a node reloads
     members: np.ndarray | None
     G: int
 
 
 def plan_work(
-    models: Sequence[Any],
+    models: Sequence[ModelLike],
     Gs: Sequence[int],
-    store: "Store",
+    store: Store,
     *,
     bricks: bool = True,
     e2e: bool = False,
-    e2e_models: Sequence[Any] | None = None,
+    e2e_models: Sequence[ModelLike] | None = None,
 ) -> list[WorkItem]:
     """The unique bricks (and with ``e2e`` the whole models) of a corpus, registered in
     the store's catalogue; what is already measured is for the caller to ask the store,
@@ -180,7 +134,7 @@ def plan_work(
 
 def missing_work(
     items: Sequence[WorkItem],
-    store: "Store",
+    store: Store,
     system_id: str,
     config_key: str,
     *,
@@ -207,8 +161,8 @@ def bench(
     models: Sequence[Model],
     Gs: Sequence[int],
     *,
-    store: "Store",
-    config: "RunnerConfig",
+    store: Store,
+    config: RunnerConfig,
     workdir: str | Path | None = None,
     force: bool = False,
     e2e: bool = False,
@@ -267,7 +221,7 @@ def bench(
         setattr(summary, f"{kind}s_reused", n)
 
     tmp_ctx = tempfile.TemporaryDirectory(prefix="dlbricks-bricks-") if workdir is None else contextlib.nullcontext(str(workdir))
-    with tmp_ctx as wd, _Progress(progress, "benchmarking") as bar:
+    with tmp_ctx as wd, Progress(progress, "benchmarking") as bar:
         out = Path(wd)
         bar.set_total(len(todo))
         gen_time = [0.0]
@@ -288,7 +242,7 @@ def bench(
                             _, info = write_brick(model, members, path, seed=seed, digest=d, G=G)
                         else:
                             proto, info = whole_model(model, seed=seed)
-                            _write_whole(proto, path)
+                            write_whole_model(proto, path)
                         bounds = info.int_bounds
                     else:
                         bounds = None
@@ -323,11 +277,11 @@ def bench(
                     on_event(f"{kind} {digest[:12]} failed: {error}")
             bar.advance()
 
-        def on_result(job: "Job", result: object) -> None:
+        def on_result(job: Job, result: Measurement | Failure) -> None:
             from dlbricks.timing import Measurement
 
             kind, d = jobs_meta.pop(job.id)
-            store.put_result(kind, d, bver if kind == "brick" else mver, system_id, config_key, result)  # type: ignore[arg-type]
+            store.put_result(kind, d, bver if kind == "brick" else mver, system_id, config_key, result)
             ok = isinstance(result, Measurement)
             _count(kind, ok=ok, error="" if ok else getattr(result, "error", "failed"), digest=d)
             # Bricks this run generated are no longer needed once measured.
@@ -343,20 +297,20 @@ def bench(
     return summary
 
 
-def _write_whole(proto: object, path: Path) -> None:
-    """Write a whole-model brick (weights inline or, when large, as external data)."""
+def write_whole_model(proto: object, path: Path) -> None:
+    """Write a whole-model brick (weights inline or, when large, as external data)
+    through a temporary file, so a reader never sees part of one."""
     import onnx
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     onnx.save_model(proto, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=1024)
-    import os
-
     os.replace(tmp, path)
 
 
-def _run_jobs(todo, job_stream, config, on_result, jobs: int) -> None:  # type: ignore[no-untyped-def]
+def _run_jobs(todo: Sequence[WorkItem], job_stream: JobStream, config: RunnerConfig, on_result: OnResult,
+              jobs: int) -> None:
     """Run the job stream on ``jobs`` isolated workers, each pinned to its own core(s)."""
     from dataclasses import replace
 
@@ -375,7 +329,7 @@ def _run_jobs(todo, job_stream, config, on_result, jobs: int) -> None:  # type: 
     lock = threading.Lock()
     errors: list[BaseException] = []
 
-    def locked(job, result):  # type: ignore[no-untyped-def]
+    def locked(job: Job, result: Measurement | Failure) -> None:
         with lock:
             on_result(job, result)
 
@@ -393,263 +347,3 @@ def _run_jobs(todo, job_stream, config, on_result, jobs: int) -> None:  # type: 
         t.join()
     if errors:
         raise errors[0]
-
-
-# ----------------------------------------------------------------------- reconstruction
-
-
-@dataclass(slots=True)
-class Prediction:
-    """A model's latency rebuilt from its bricks (seconds), with a bootstrap interval."""
-
-    model: str
-    G: int
-    mode: str
-    latency_s: float
-    ci_low_s: float
-    ci_high_s: float
-    bricks: int
-    unique_bricks: int
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
-
-
-class MissingResults(DlbricksError):
-    """Bricks needed for a reconstruction have no stored result."""
-
-    def __init__(self, missing: list[str], G: int) -> None:
-        shown = ", ".join(d[:12] for d in missing[:5]) + (" ..." if len(missing) > 5 else "")
-        super().__init__(
-            f"{len(missing)} brick(s) at G={G} have no stored result ({shown}); "
-            "run `dlbricks bench` first or pass --measure-missing"
-        )
-        self.missing = missing
-
-
-def bootstrap_medians(times_ns: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """``n_boot`` bootstrap replicates of the median of ``times_ns`` (nanoseconds).
-
-    Small samples (n <= 400) are resampled exactly. For larger ones the replicate's
-    median is drawn by rank: the rank of a resample's median among the sorted samples
-    is asymptotically normal around n/2 with standard deviation sqrt(n)/2 (the binomial
-    count of draws below a point), which avoids materialising n_boot x n resamples.
-    """
-    t = np.sort(np.asarray(times_ns, dtype=np.float64))
-    n = t.shape[0]
-    if n == 0:
-        raise DlbricksError("cannot bootstrap an empty sample")
-    if n <= 400:
-        idx = rng.integers(0, n, size=(n_boot, n))
-        return np.median(t[idx], axis=1)
-    ranks = np.rint((n - 1) / 2 + 0.5 * np.sqrt(n) * rng.standard_normal(n_boot)).astype(np.int64)
-    return t[np.clip(ranks, 0, n - 1)]
-
-
-def reconstruct(
-    models: Sequence[Model],
-    G: int,
-    *,
-    store: "Store",
-    system_id: str,
-    config_key: str,
-    modes: Sequence[str] = ("sequential", "parallel"),
-    n_boot: int = 400,
-    seed: int = 0,
-    corpus: Corpus | None = None,
-) -> list[Prediction]:
-    """Predict each model's latency from its bricks' stored medians.
-
-    sequential = the sum of its sequences' latencies; parallel = the longest path
-    through its graph of sequences. The interval is the 2.5-97.5 percentile range over
-    bootstrap replicates: each brick's median is resampled from its own kept iteration
-    times (independently per brick; every occurrence of a brick shares its replicate).
-
-    Raises:
-        MissingResults: some bricks have no ok result (lists them).
-    """
-    corpus = corpus or Corpus(models)
-    sp = corpus.split(G)
-    bver = brick_digest_version()
-    digests = [bytes(d).hex() for d in sp.unique_digests]
-    records = {}
-    missing = []
-    for d in digests:
-        rec = store.get_result("brick", d, bver, system_id, config_key)
-        if rec is None or not rec.ok:
-            missing.append(d)
-        else:
-            records[d] = rec
-    if missing:
-        raise MissingResults(missing, G)
-    rng = np.random.default_rng(seed)
-    medians = np.array([records[d].median_ns for d in digests], dtype=np.float64)
-    boots = np.stack([bootstrap_medians(records[d].times_ns, n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
-    out: list[Prediction] = []
-    for i, model in enumerate(models):
-        seq_ids = sp.model_seq_ids(i)
-        model_split = sp.model_split(i)
-        for mode in modes:
-            if mode == "sequential":
-                point = float(medians[seq_ids].sum())
-                reps = boots[seq_ids].sum(axis=0)
-            elif mode == "parallel":
-                src, dst = sequence_graph(model, model_split)
-                from dlbricks.graph import Graph
-
-                sg = Graph(np.zeros((len(seq_ids), 16), np.uint8), src, dst)
-                point = float(critical_path(sg, medians[seq_ids])[0])
-                reps = np.array([critical_path(sg, boots[seq_ids, b])[0] for b in range(n_boot)])
-            else:
-                raise DlbricksError(f"unknown reconstruction mode {mode!r} (sequential or parallel)")
-            lo, hi = np.percentile(reps, [2.5, 97.5])
-            out.append(
-                Prediction(model.name, G, mode, point * 1e-9, float(lo) * 1e-9, float(hi) * 1e-9,
-                           int(seq_ids.shape[0]), int(np.unique(seq_ids).shape[0]))
-            )
-    return out
-
-
-def geomean(values: Sequence[float]) -> float:
-    v = np.asarray([x for x in values if x > 0], dtype=np.float64)
-    return float(np.exp(np.log(v).mean())) if v.size else float("nan")
-
-
-def evaluate(
-    models: Sequence[Model],
-    Gs: Sequence[int],
-    *,
-    store: "Store",
-    config: "RunnerConfig",
-    measure_missing: bool = True,
-    workdir: str | Path | None = None,
-    seed: int = 0,
-    progress: bool = False,
-    n_boot: int = 400,
-    e2e_models: Sequence[Model] | None = None,
-    brick_dirs: Sequence[str | Path] = (),
-) -> dict:
-    """The paper's experiments: constructed vs end-to-end latency and speedups per G.
-
-    Measures what is missing first (bricks and whole models), then reports per model
-    and G the end-to-end latency, the sequential and parallel constructed latencies,
-    normalized latency (constructed / end-to-end) with its interval; per G the
-    geometric mean of normalized latency, the paper's speedup (sum of end-to-end
-    latencies / sum of unique brick latencies) and the wall-clock speedup (time to
-    benchmark every model end to end / time to benchmark the unique bricks, same
-    statistical rules, set-up included).
-    """
-    from dlbricks.bricks import model_digest
-    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
-
-    whole = {m.name: m for m in (e2e_models if e2e_models is not None else models)}
-    if measure_missing:
-        bench(models, Gs, store=store, config=config, workdir=workdir, e2e=True, seed=seed, progress=progress,
-              e2e_models=list(whole.values()), brick_dirs=brick_dirs)
-    system_id = fingerprint_id(system_fingerprint())
-    config_key = config.key()
-    mver = model_digest_version()
-    bver = brick_digest_version()
-    corpus = Corpus(models)
-
-    e2e: dict[str, object] = {}
-    missing_models = []
-    for m in models:
-        if m.name not in whole:
-            raise DlbricksError(f"{m.name}: no end-to-end model given for it")
-        rec = store.get_result("model", model_digest(whole[m.name]), mver, system_id, config_key)
-        if rec is None or not rec.ok:
-            missing_models.append(m.name)
-        e2e[m.name] = rec
-    if missing_models:
-        raise DlbricksError(
-            f"no end-to-end result for {len(missing_models)} model(s) ({', '.join(missing_models[:5])}); "
-            "run `dlbricks bench --e2e` first or drop --no-measure"
-        )
-
-    rows: dict[str, dict] = {m.name: {"name": m.name, "path": m.path, "layers": m.n_layers, "per_g": {}} for m in models}
-    per_g = []
-    bricks_out: list[dict] = []
-    e2e_total = sum(e2e[m.name].median_ns for m in models) * 1e-9  # type: ignore[union-attr]
-    e2e_wall = sum(_wall_s(e2e[m.name]) for m in models)
-    for G in Gs:
-        preds = reconstruct(models, G, store=store, system_id=system_id, config_key=config_key,
-                            n_boot=n_boot, seed=seed, corpus=corpus)
-        norm_seq, norm_par = [], []
-        for p in preds:
-            e = e2e[p.model].median_ns * 1e-9  # type: ignore[union-attr]
-            entry = rows[p.model]["per_g"].setdefault(str(G), {"e2e_s": e})
-            entry[p.mode] = {
-                "latency_s": p.latency_s,
-                "ci_low_s": p.ci_low_s,
-                "ci_high_s": p.ci_high_s,
-                "normalized": p.latency_s / e,
-                "normalized_ci": [p.ci_low_s / e, p.ci_high_s / e],
-            }
-            entry["bricks"] = p.bricks
-            entry["unique_bricks"] = p.unique_bricks
-            (norm_seq if p.mode == "sequential" else norm_par).append(p.latency_s / e)
-        sp = corpus.split(G)
-        unique = [bytes(d).hex() for d in sp.unique_digests]
-        recs = [store.get_result("brick", d, bver, system_id, config_key) for d in unique]
-        occurrences = sp.occurrences().sum(axis=0)
-        for u, (d, rec) in enumerate(zip(unique, recs)):
-            m, members = sp.first_occurrence(u)
-            median_s = rec.median_ns * 1e-9  # type: ignore[union-attr]
-            bricks_out.append({
-                "G": G,
-                "digest": d,
-                "occurrences": int(occurrences[u]),
-                "median_s": median_s,
-                "ci_low_s": rec.stats["ci_low"] * 1e-9,  # type: ignore[union-attr,index]
-                "ci_high_s": rec.stats["ci_high"] * 1e-9,  # type: ignore[union-attr,index]
-                "op_types": [models[m].layers[i].kind for i in members],
-                "contribution_s": median_s * int(occurrences[u]),
-            })
-        brick_total = sum(r.median_ns for r in recs) * 1e-9  # type: ignore[union-attr]
-        brick_wall = sum(_wall_s(r) for r in recs)
-        per_g.append(
-            {
-                "G": G,
-                "unique_bricks": len(unique),
-                "bricks": sp.n_sequences,
-                "geomean_normalized": geomean(norm_seq),
-                "min_normalized": float(min(norm_seq)),
-                "max_normalized": float(max(norm_seq)),
-                "geomean_normalized_parallel": geomean(norm_par),
-                "speedup": e2e_total / brick_total if brick_total > 0 else float("nan"),
-                "wallclock_speedup": e2e_wall / brick_wall if brick_wall > 0 else float("nan"),
-                "e2e_total_s": e2e_total,
-                "bricks_total_s": brick_total,
-                "e2e_wall_s": e2e_wall,
-                "bricks_wall_s": brick_wall,
-            }
-        )
-    for m in models:
-        r = rows[m.name]
-        r["e2e_s"] = e2e[m.name].median_ns * 1e-9  # type: ignore[union-attr]
-        r["e2e_ci_s"] = [e2e[m.name].stats["ci_low"] * 1e-9, e2e[m.name].stats["ci_high"] * 1e-9]  # type: ignore[union-attr]
-        g1 = r["per_g"].get("1")
-        if g1:  # the paper's Section 2: layer latencies summed, and along the critical path
-            r["layer_sum_s"] = g1["sequential"]["latency_s"]
-            r["layer_critical_path_s"] = g1["parallel"]["latency_s"]
-    return {
-        "schema_version": 1,
-        "system_id": system_id,
-        "config_key": config_key,
-        "config": config.to_dict(),
-        "G": list(Gs),
-        "per_g": per_g,
-        "models": list(rows.values()),
-        "bricks": bricks_out,
-    }
-
-
-def _wall_s(rec: object) -> float:
-    """Seconds spent measuring one result, set-up and warm-up included (the runner's
-    ``wall_time_s``); for results stored without it, samples times their mean."""
-    meta = getattr(rec, "meta", None) or {}
-    if "wall_time_s" in meta:
-        return float(meta["wall_time_s"])
-    stats = getattr(rec, "stats", None) or {}
-    return float(stats.get("n", 0) * stats.get("mean", 0.0) * 1e-9)

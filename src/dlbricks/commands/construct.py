@@ -32,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dlbricks.pipeline import bench, reconstruct
+    from dlbricks.pipeline import bench
+    from dlbricks.reconstruct import reconstruct
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     config = runner_config(args)

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from dlbricks.analysis import analyze, load_corpus, print_err
     from dlbricks.bricks import generate_bricks
     from dlbricks.commands.evaluate import render_evaluation
-    from dlbricks.pipeline import evaluate
+    from dlbricks.evaluation import evaluate
     from dlbricks.report.html import build_report
     from dlbricks.store import Store
     from dlbricks.timing.sysinfo import system_fingerprint

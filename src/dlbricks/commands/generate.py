@@ -24,10 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dlbricks.bricks import generate_bricks
     from dlbricks.commands._common import load_models
-    from dlbricks.pipeline import _Progress
+    from dlbricks.progress import Progress
 
     models = load_models(args)
-    with _Progress(sys.stderr.isatty(), "generating") as bar:
+    with Progress(sys.stderr.isatty(), "generating") as bar:
         from dlbricks.corpus import Corpus
 
         bar.set_total(Corpus(models).split(args.G).n_unique)

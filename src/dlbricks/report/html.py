@@ -73,7 +73,7 @@ def build_report(
 
     Args:
         analysis: the dict of :func:`dlbricks.analysis.analyze` (``analyze --json``), or None.
-        evaluation: the dict of :func:`dlbricks.pipeline.evaluate` (``evaluate --save``), or None.
+        evaluation: the dict of :func:`dlbricks.evaluation.evaluate` (``evaluate --save``), or None.
         store: the results store the evaluation used: system fingerprints, runner
             settings, the stored results table and per-brick medians.
         fingerprint: the system fingerprint to show (default: the store's entry for
@@ -175,6 +175,7 @@ def brick_contributions(
     import numpy as np
 
     from dlbricks.corpus import Corpus
+    from dlbricks.model import layer_kinds
     from dlbricks.versions import brick_digest_version
 
     sp = Corpus(models).split(int(G))
@@ -192,7 +193,8 @@ def brick_contributions(
         ops = (meta.get((d, bver)) or {}).get("op_types")
         if not ops:
             m, members = sp.first_occurrence(u)
-            ops = [models[m].layers[int(i)].kind for i in members]
+            kinds = layer_kinds(models[m].layers)  # without building a fast-loaded model's layers
+            ops = [kinds[int(i)] for i in members]
         n = int(total[u])
         med = float(rec.stats["median"]) * 1e-9
         out.append(

@@ -1,0 +1,183 @@
+"""A model's latency rebuilt from its bricks' stored results, with a bootstrap interval.
+
+sequential = the sum of the latencies of a model's sequences; parallel = the longest
+path through its graph of sequences. Each brick's median comes from the store (keyed
+by brick digest, digest version, system fingerprint and runner configuration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from dlbricks.corpus import Corpus
+from dlbricks.errors import DlbricksError
+from dlbricks.graph import Graph, critical_path, sequence_graph
+from dlbricks.versions import brick_digest_version
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.model import ModelLike
+    from dlbricks.store import Store
+
+__all__ = ["MissingResults", "Prediction", "bootstrap_medians", "geomean", "predict", "reconstruct"]
+
+MODES = ("sequential", "parallel")
+
+
+@dataclass(slots=True)
+class Prediction:
+    """A model's latency rebuilt from its bricks (seconds), with a bootstrap interval."""
+
+    model: str
+    G: int
+    mode: str
+    latency_s: float
+    ci_low_s: float
+    ci_high_s: float
+    bricks: int
+    unique_bricks: int
+    path: str | None = None
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+
+
+class MissingResults(DlbricksError):
+    """Bricks needed for a reconstruction have no stored result."""
+
+    def __init__(self, missing: list[str], G: int) -> None:
+        shown = ", ".join(d[:12] for d in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        super().__init__(
+            f"{len(missing)} brick(s) at G={G} have no stored result ({shown}); "
+            "run `dlbricks bench` first or pass --measure-missing"
+        )
+        self.missing = missing
+
+
+def bootstrap_medians(times_ns: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_boot`` bootstrap replicates of the median of ``times_ns`` (nanoseconds).
+
+    Small samples (n <= 400) are resampled exactly. For larger ones the replicate's
+    median is drawn by rank: the rank of a resample's median among the sorted samples
+    is asymptotically normal around n/2 with standard deviation sqrt(n)/2 (the binomial
+    count of draws below a point), which avoids materialising n_boot x n resamples.
+
+    Raises:
+        DlbricksError: an empty sample.
+    """
+    t = np.sort(np.asarray(times_ns, dtype=np.float64))
+    n = t.shape[0]
+    if n == 0:
+        raise DlbricksError("cannot bootstrap an empty sample")
+    if n <= 400:
+        idx = rng.integers(0, n, size=(n_boot, n))
+        return np.median(t[idx], axis=1)
+    ranks = np.rint((n - 1) / 2 + 0.5 * np.sqrt(n) * rng.standard_normal(n_boot)).astype(np.int64)
+    return t[np.clip(ranks, 0, n - 1)]
+
+
+def predict(
+    models: Sequence[ModelLike],
+    G: int,
+    *,
+    store: Store,
+    system_id: str,
+    config_key: str,
+    modes: Sequence[str] = MODES,
+    n_boot: int = 400,
+    seed: int = 0,
+    corpus: Corpus | None = None,
+    names: Sequence[str] | None = None,
+) -> list[list[Prediction]]:
+    """:func:`reconstruct`, grouped by model: ``out[i]`` holds model ``i``'s prediction
+    per mode, in the order of ``modes``. ``names`` label the predictions (default: the
+    models' names)."""
+    for mode in modes:
+        if mode not in MODES:
+            raise DlbricksError(f"unknown reconstruction mode {mode!r} (sequential or parallel)")
+    corpus = corpus or Corpus(models)
+    names = [m.name for m in models] if names is None else list(names)
+    sp = corpus.split(G)
+    bver = brick_digest_version()
+    digests = [bytes(d).hex() for d in sp.unique_digests]
+    records = {}
+    missing = []
+    for d in digests:
+        rec = store.get_result("brick", d, bver, system_id, config_key)
+        if rec is None or not rec.ok:
+            missing.append(d)
+        else:
+            records[d] = rec
+    if missing:
+        raise MissingResults(missing, G)
+    rng = np.random.default_rng(seed)
+    medians = np.array([records[d].median_ns for d in digests], dtype=np.float64)
+    boots = np.stack([bootstrap_medians(records[d].times_ns, n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
+    out: list[list[Prediction]] = []
+    for i, model in enumerate(models):
+        seq_ids = sp.model_seq_ids(i)
+        per_mode = []
+        for mode in modes:
+            if mode == "sequential":
+                point = float(medians[seq_ids].sum())
+                reps = boots[seq_ids].sum(axis=0)
+            else:
+                src, dst = sequence_graph(model, sp.model_split(i))
+                sg = Graph(np.zeros((len(seq_ids), 16), np.uint8), src, dst)
+                point = float(critical_path(sg, medians[seq_ids])[0])
+                reps = np.array([critical_path(sg, boots[seq_ids, b])[0] for b in range(n_boot)])
+            lo, hi = np.percentile(reps, [2.5, 97.5])
+            per_mode.append(
+                Prediction(names[i], G, mode, point * 1e-9, float(lo) * 1e-9, float(hi) * 1e-9,
+                           int(seq_ids.shape[0]), int(np.unique(seq_ids).shape[0]), model.path)
+            )
+        out.append(per_mode)
+    return out
+
+
+def reconstruct(
+    models: Sequence[ModelLike],
+    G: int,
+    *,
+    store: Store,
+    system_id: str,
+    config_key: str,
+    modes: Sequence[str] = MODES,
+    n_boot: int = 400,
+    seed: int = 0,
+    corpus: Corpus | None = None,
+) -> list[Prediction]:
+    """Predict each model's latency from its bricks' stored medians.
+
+    sequential = the sum of its sequences' latencies; parallel = the longest path
+    through its graph of sequences. The interval is the 2.5-97.5 percentile range over
+    bootstrap replicates: each brick's median is resampled from its own kept iteration
+    times (independently per brick; every occurrence of a brick shares its replicate).
+
+    Args:
+        models: the models (their bricks at ``G`` must be in the store).
+        G: granularity.
+        store, system_id, config_key: where and under which key the results are.
+        modes: ``"sequential"`` and/or ``"parallel"``.
+        n_boot: bootstrap replicates.
+        seed: seed of the bootstrap.
+        corpus: the models' :class:`Corpus`, when the caller has one already.
+
+    Returns:
+        one :class:`Prediction` per model and mode, model by model.
+
+    Raises:
+        MissingResults: some bricks have no ok result (lists them).
+        DlbricksError: an unknown mode.
+    """
+    per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key, modes=modes,
+                        n_boot=n_boot, seed=seed, corpus=corpus)
+    return [p for preds in per_model for p in preds]
+
+
+def geomean(values: Sequence[float]) -> float:
+    """Geometric mean of the positive ``values`` (NaN when there are none)."""
+    v = np.asarray([x for x in values if x > 0], dtype=np.float64)
+    return float(np.exp(np.log(v).mean())) if v.size else float("nan")

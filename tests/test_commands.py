@@ -25,3 +25,35 @@ def test_a_bug_building_the_runner_configuration_is_not_a_usage_error(tmp_path, 
     # Propagates: the console script exits 1 with the traceback, never 2.
     with pytest.raises(RuntimeError, match="a bug"):
         main(["bench", str(tmp_path), "--no-pin", "--store", str(tmp_path / "s.sqlite")])
+
+
+def _batched_model(path):
+    """x[N, 4] -> MatMul -> Relu: a symbolic batch dim for --input-shape to set."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"], name="relu")],
+        "batched", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w],
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+@pytest.mark.parametrize("command", [["evaluate", "--bootstrap", "20"], ["bench", "--e2e"]])
+def test_input_shapes_reach_the_end_to_end_models_of_a_runtime_graph_run(tmp_path, command):
+    from dlbricks.bricks import model_digest
+    from dlbricks.loading.onnx_io import load
+    from dlbricks.store import Store
+
+    path = tmp_path / "batched.onnx"
+    _batched_model(path)
+    store_path = tmp_path / "s.sqlite"
+    code = main([command[0], str(path), "-G", "1", "--runtime-graph", "--input-shape", "x=8x4", "--store", str(store_path),
+                 "--json", *command[1:], *FAST_CLI])
+    assert code == 0
+    with Store(store_path, readonly=True) as store:
+        timed = {d for d, _ in store.models()}
+    assert timed == {model_digest(load(path, {"x": (8, 4)}))}  # batch 8, as the bricks; never batch 1

@@ -233,18 +233,29 @@ def open_store(args: argparse.Namespace, *, readonly: bool = False) -> "Store":
 
 def load_models(args: argparse.Namespace) -> list:
     """Load the PATHs (skipping bad models unless --strict), optionally as runtime graphs."""
+    return load_models_and_sources(args)[0]
+
+
+def load_models_and_sources(args: argparse.Namespace) -> tuple[list, list]:
+    """The models to decompose and, pairwise, the models to time end to end.
+
+    Both come from one load with the same ``--input-shape`` overrides; with
+    ``--runtime-graph`` the first are the graphs onnxruntime executes (optimised at
+    those shapes) and the second the source models, else both lists are the same.
+    """
     from dlbricks.analysis import load_corpus, print_err
 
     shapes = parse_input_shapes(args.input_shape)
     loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
     for e in loaded.errors:
         print_err(f"skipped {e['error']}")
-    models = loaded.models
+    sources = loaded.models
+    models = sources
     if getattr(args, "runtime_graph", False):
         from dlbricks.loading.runtime_graph import runtime_models
 
-        models = runtime_models(models, level=getattr(args, "opt_level", "default"), input_shapes=shapes)
-    return models
+        models = runtime_models(sources, level=getattr(args, "opt_level", "default"), input_shapes=shapes)
+    return models, sources
 
 
 _allocator_tuned = False

@@ -13,7 +13,7 @@ from dlbricks.commands._common import (
     add_runner_args,
     add_store_arg,
     emit,
-    load_models,
+    load_models_and_sources,
     open_store,
     parse_g_list,
     parse_input_shapes,
@@ -58,12 +58,7 @@ def run(args: argparse.Namespace) -> int:
     config = runner_config(args, jobs=args.jobs)
     if args.ray:
         return _run_ray(args, Gs, config)
-    models = load_models(args)
-    e2e_models = None
-    if args.runtime_graph and args.e2e:
-        from dlbricks.analysis import load_corpus
-
-        e2e_models = load_corpus(args.paths, strict=args.strict).models
+    models, sources = load_models_and_sources(args)
     with open_store(args) as store:
         summary = bench(
             models,
@@ -77,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=True,
             on_event=warn,
-            e2e_models=e2e_models,
+            e2e_models=sources,
         )
     return _report(args, summary, store.path, Gs, config)
 

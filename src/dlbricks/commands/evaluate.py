@@ -9,7 +9,7 @@ from dlbricks.commands._common import (
     add_runner_args,
     add_store_arg,
     emit,
-    load_models,
+    load_models_and_sources,
     open_store,
     parse_g_list,
     positive_int,
@@ -35,13 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from dlbricks.analysis import load_corpus
-    from dlbricks.pipeline import evaluate
+    from dlbricks.evaluation import evaluate
 
     Gs = parse_g_list(args.G)
     config = runner_config(args)
-    models = load_models(args)
-    e2e_models = load_corpus(args.paths, strict=args.strict).models if args.runtime_graph else None
+    models, sources = load_models_and_sources(args)
     with open_store(args) as store:
         result = evaluate(
             models,
@@ -53,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=True,
             n_boot=args.bootstrap,
-            e2e_models=e2e_models,
+            e2e_models=sources,
         )
         result["runtime_graph"] = bool(args.runtime_graph)
         result["store"] = str(store.path)

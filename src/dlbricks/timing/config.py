@@ -5,12 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from dlbricks.errors import DlbricksError
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 
 _EXECUTION_MODES = ("sequential", "parallel")
@@ -25,7 +22,10 @@ _IDENTITY_FIELDS = (
     "graph_optimization",
     "cores",
     "denormals_as_zero",
+    "cache_state",
 )
+#: What a timed run finds in the caches (see RunnerConfig.cache_state).
+CACHE_STATES = ("warm", "cold")
 
 
 # --------------------------------------------------------------------------- config
@@ -53,6 +53,24 @@ class RunnerConfig:
             (0 disables this rule: sample until ``max_time``).
         denormals_as_zero: set ``session.set_denormal_as_zero`` (flush-to-zero).
         timeout_s: per-job limit used by :mod:`dlbricks.timing.workers` (set-up included).
+        precision: the measurement engine's target: the 95% interval of every model's
+            latency (reconstructed from bricks, and end to end) within +/- this
+            fraction. Iterations are allocated across bricks to reach it at the least
+            total time (:mod:`dlbricks.timing.engine`).
+        min_rounds: the engine measures in rounds (every live session gets a short
+            burst per round); no result is final before this many rounds, since its
+            interval comes from the spread between rounds.
+        max_rounds: stop after this many rounds even if a model's interval is wider.
+        cache_state: what a timed run finds in the caches. ``"warm"``: each burst
+            starts with one discarded run, so the timed runs find the brick's weights
+            and inputs cached (a brick looped alone). ``"cold"``: every run is
+            separated by runs of other sessions, which evict its weights, and its
+            inputs are read just before the run (as a layer finds the output its
+            predecessor just wrote). Part of the result key.
+        burst_s: the longest burst one session gets per round; a brick needing more
+            iterations gets them over more rounds.
+        memory_budget_mb: the most memory the engine's sessions may hold at once
+            (0: half of the memory available at start).
     """
 
     intra_op_threads: int = 1
@@ -68,6 +86,12 @@ class RunnerConfig:
     target_ci: float = 0.01
     denormals_as_zero: bool = True
     timeout_s: float = 120.0
+    precision: float = 0.02
+    min_rounds: int = 5
+    max_rounds: int = 60
+    cache_state: str = "warm"
+    burst_s: float = 0.02
+    memory_budget_mb: int = 0
 
     def __post_init__(self) -> None:
         if self.cores is not None:
@@ -94,6 +118,16 @@ class RunnerConfig:
                 raise DlbricksError(f"RunnerConfig: {name} must be >= 0, got {getattr(self, name)!r}")
         if self.max_time < self.min_time:
             raise DlbricksError(f"RunnerConfig: max_time ({self.max_time}) < min_time ({self.min_time})")
+        if self.cache_state not in CACHE_STATES:
+            raise DlbricksError(f"RunnerConfig: cache_state must be one of {CACHE_STATES}, got {self.cache_state!r}")
+        if not 0 < float(self.precision) < 1:
+            raise DlbricksError(f"RunnerConfig: precision must be in (0, 1), got {self.precision!r}")
+        if not 1 <= int(self.min_rounds) <= int(self.max_rounds):
+            raise DlbricksError(
+                f"RunnerConfig: need 1 <= min_rounds <= max_rounds, got {self.min_rounds!r} and {self.max_rounds!r}"
+            )
+        if not float(self.burst_s) > 0 or int(self.memory_budget_mb) < 0:
+            raise DlbricksError("RunnerConfig: burst_s must be > 0 and memory_budget_mb >= 0")
         if not self.timeout_s > 0:
             raise DlbricksError(f"RunnerConfig: timeout_s must be > 0, got {self.timeout_s!r}")
         if self.cores is not None and self.intra_op_threads == 0:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from dlbricks.errors import DlbricksError
+from dlbricks.timing.session import model_label
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -272,3 +273,35 @@ def _default_int_high(proto: Any, specs: list[_InputSpec]) -> int:
     if proto is not None:
         dims += [int(d) for t in proto.graph.initializer for d in t.dims if d > 0]
     return max(1, min(dims)) if dims else 1
+
+
+def session_feeds(
+    session: Any,
+    model: Any,
+    inputs: Mapping[str, np.ndarray] | None,
+    seed: int,
+    int_bounds: Mapping[str, int] | None,
+) -> dict[str, np.ndarray]:
+    """Inputs for ``session``: the ``inputs`` given, the rest synthesised with
+    :func:`make_inputs` (from the graph of ``model`` when integer inputs need bounds).
+
+    Raises:
+        DlbricksError: ``inputs`` names an input the session does not have.
+    """
+    given = dict(inputs or {})
+    names = [i.name for i in session.get_inputs()]
+    unknown = set(given) - set(names)
+    if unknown:
+        raise DlbricksError(f"{model_label(model)}: no input named {sorted(unknown)} (inputs: {names})")
+    if all(n in given for n in names):
+        return {n: np.asarray(given[n]) for n in names}
+    need_graph = any(
+        np.dtype(ORT_TYPES.get(i.type, np.float32)).kind in "iu"
+        and i.name not in given
+        and i.name not in (int_bounds or {})
+        for i in session.get_inputs()
+    )
+    # The graph tells which integer inputs index what; only read it when needed.
+    source = model if need_graph else session
+    made = make_inputs(source, seed, int_bounds=int_bounds)
+    return {n: np.asarray(given[n]) if n in given else made[n] for n in names}

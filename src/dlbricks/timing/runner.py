@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     pass
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.fpenv import FloatEnv, count_denormals, denormals_flushed
-from dlbricks.timing.inputs import ORT_TYPES, make_inputs
+from dlbricks.timing.inputs import session_feeds
 from dlbricks.timing.session import (
     BoundSession,
     bind,
@@ -75,6 +75,12 @@ class Measurement:
             outside the clock.
         io_binding: False when string tensors forced the ``session.run`` path
             (output conversion is then on the clock).
+        rounds: for results of the measurement engine, the rounds it was measured in
+            (0 for a single contiguous run).
+        round_medians_ns: the median of each round's burst, in order: their spread
+            is the uncertainty of the result, drift between rounds included.
+        median_se_ns: the standard error of the median estimate from that spread;
+            ``stats.ci_low``/``ci_high`` are the matching t-interval.
     """
 
     times_ns: np.ndarray
@@ -94,6 +100,9 @@ class Measurement:
     model: str = ""
     sampling_time_s: float = 0.0
     io_binding: bool = True
+    rounds: int = 0
+    round_medians_ns: list[float] = field(default_factory=list)
+    median_se_ns: float = 0.0
     timer_resolution_ns: float = field(default_factory=lambda: time.get_clock_info("perf_counter").resolution * 1e9)
 
     @property
@@ -144,6 +153,9 @@ class Measurement:
             "sampling_time_s": self.sampling_time_s,
             "io_binding": self.io_binding,
             "timer_resolution_ns": self.timer_resolution_ns,
+            "rounds": self.rounds,
+            "round_medians_ns": list(self.round_medians_ns),
+            "median_se_ns": self.median_se_ns,
             "warnings": self.warnings,
         }
 
@@ -179,6 +191,9 @@ class Measurement:
             sampling_time_s=float(d.get("sampling_time_s", 0.0)),
             io_binding=bool(d.get("io_binding", True)),
             timer_resolution_ns=float(d.get("timer_resolution_ns", 0.0)),
+            rounds=int(d.get("rounds", 0)),
+            round_medians_ns=[float(x) for x in d.get("round_medians_ns", ())],
+            median_se_ns=float(d.get("median_se_ns", 0.0)),
         )
 
 
@@ -263,7 +278,7 @@ class Runner:
                 # With one intra-op thread the kernels run on this thread, so this
                 # observes the mode they run in.
                 flushed = denormals_flushed()
-                feeds = self._feeds(session, model, inputs, seed, int_bounds)
+                feeds = session_feeds(session, model, inputs, seed, int_bounds)
                 bound = bind(session, feeds)
                 n_in = sum(int(np.size(a)) for a in feeds.values())
                 den_in = sum(count_denormals(a) for a in feeds.values())
@@ -307,32 +322,6 @@ class Runner:
             sampling_time_s=sampling_s,
             io_binding=bound.uses_iobinding,
         )
-
-    def _feeds(
-        self,
-        session: Any,
-        model: Any,
-        inputs: Mapping[str, np.ndarray] | None,
-        seed: int,
-        int_bounds: Mapping[str, int] | None,
-    ) -> dict[str, np.ndarray]:
-        given = dict(inputs or {})
-        names = [i.name for i in session.get_inputs()]
-        unknown = set(given) - set(names)
-        if unknown:
-            raise DlbricksError(f"{model_label(model)}: no input named {sorted(unknown)} (inputs: {names})")
-        if all(n in given for n in names):
-            return {n: np.asarray(given[n]) for n in names}
-        need_graph = any(
-            np.dtype(ORT_TYPES.get(i.type, np.float32)).kind in "iu"
-            and i.name not in given
-            and i.name not in (int_bounds or {})
-            for i in session.get_inputs()
-        )
-        # The graph tells which integer inputs index what; only read it when needed.
-        source = model if need_graph else session
-        made = make_inputs(source, seed, int_bounds=int_bounds)
-        return {n: np.asarray(given[n]) if n in given else made[n] for n in names}
 
     def _warm_up(self, bound: BoundSession) -> int:
         cfg = self.config

@@ -1,0 +1,637 @@
+"""The measurement engine: many sessions measured in interleaved rounds, to a stated
+precision of every model's latency, at the least total time.
+
+Why rounds. A host's speed drifts (neighbours, frequency, memory traffic). Timing each
+brick, and each whole model, in its own contiguous slot puts every result at the mercy
+of its slot; a round gives every live session a short burst, so a change of speed hits
+bricks and models alike and their ratios hold. The spread of a session's per-round
+medians is then an honest measure of its uncertainty, drift included, and it is what
+the intervals are built from.
+
+Why allocation. Users read the precision of a *model's* latency, and a model's
+reconstructed latency is a weighted sum ``sum_b c_b * t_b`` over its bricks (``c_b``
+occurrences). With ``sigma_b`` the per-run spread of brick ``b`` and ``t_b`` its run
+time, the least total time ``sum_b n_b t_b`` giving ``Var = sum_b c_b^2 sigma_b^2 / n_b``
+at most ``V*`` is reached at ``n_b = c_b sigma_b / sqrt(t_b) * S / V*`` with
+``S = sum_b c_b sigma_b sqrt(t_b)`` (a Lagrange multiplier). A brick that is 0.1% of
+every model it is in needs few runs; one used 72 times needs many. Each item gets the
+largest count any of its groups asks for. Whole models measured as references are
+groups of one item under the same rule.
+
+Isolation. Sessions live in long-lived worker processes
+(:mod:`dlbricks.timing.engine_worker`). A session that crashes or hangs its worker is
+recorded as failed (the worker says which through a shared beacon), the worker is
+replaced, its other sessions are reopened, and the run goes on: a killed worker loses
+at most its current round. Results are handed to ``on_result`` as soon as they are
+final (every group they feed has reached its precision, or the rounds ran out).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from dlbricks.errors import DlbricksError
+from dlbricks.timing.config import RunnerConfig
+from dlbricks.timing.runner import Failure, Measurement
+from dlbricks.timing.stats import summarize
+
+__all__ = ["EngineItem", "EngineSummary", "Group", "WorkerDied", "measure", "t_quantile"]
+
+#: The most iteration times kept per result: an evenly spaced, order-preserving subset
+#: (the per-round medians, kept whole, carry the uncertainty).
+KEEP_TIMES = 1024
+#: How long a fresh worker may take to import onnxruntime and report ready.
+START_TIMEOUT_S = 120.0
+#: Spread assumed (relative to the run time) before a session has rounds of its own.
+_PRIOR_CV = 0.05
+#: A round is allowed this many times its expected duration, plus the per-job timeout.
+_ROUND_SLACK = 20.0
+_LEVEL = 0.95
+
+
+@dataclass
+class EngineItem:
+    """One session to measure.
+
+    Attributes:
+        id: unique key (e.g. ``"brick:<digest>"``).
+        source: serialized model bytes or a path, or a callable returning one (called
+            when the session is opened, and again if its worker has to be replaced,
+            so generated bricks need not all be held in memory).
+        int_bounds: exclusive bounds for integer inputs.
+        seed: the input seed.
+        warm: time it as a warm loop whatever ``config.cache_state`` says (whole
+            models: the reference a user measures end to end is a warm loop).
+        prep_s: seconds spent preparing it (generation), counted in its cost.
+        label: how messages name it.
+    """
+
+    id: str
+    source: Any
+    int_bounds: Mapping[str, int] | None = None
+    seed: int = 0
+    warm: bool = False
+    prep_s: float = 0.0
+    label: str = ""
+
+
+@dataclass
+class Group:
+    """A quantity whose precision is stated: ``sum(coef * latency(item))``."""
+
+    name: str
+    terms: Mapping[str, float]
+
+
+@dataclass
+class EngineSummary:
+    """What one :func:`measure` call did."""
+
+    measured: int = 0
+    failed: int = 0
+    rounds: int = 0
+    batches: int = 0
+    worker_starts: int = 0
+    converged_groups: int = 0
+    groups: int = 0
+    wall_s: float = 0.0
+
+
+def t_quantile(df: float, level: float = _LEVEL) -> float:
+    """Two-sided Student t quantile (``df`` degrees of freedom; infinite df is normal)."""
+    from scipy.stats import t
+
+    if not df > 0:
+        return math.inf
+    return float(t.ppf(0.5 + level / 2, df))
+
+
+# --------------------------------------------------------------------------- workers
+
+
+class WorkerDied(Exception):
+    """A worker died or hung; ``slot`` is the session it was running (-1: none)."""
+
+    def __init__(self, slot: int, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.slot, self.reason, self.detail = slot, reason, detail
+
+
+class _Worker:
+    """A worker process (``python -m dlbricks.timing.engine_worker``) and its pipes."""
+
+    def __init__(self, config: RunnerConfig, start_timeout_s: float) -> None:
+        fd, self._beacon_path = tempfile.mkstemp(prefix="dlbricks-beacon-")
+        os.write(fd, struct.pack("<q", -1))
+        os.close(fd)
+        to_child_r, to_child_w = os.pipe()
+        to_parent_r, to_parent_w = os.pipe()
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dlbricks.timing.engine_worker", str(to_child_r), str(to_parent_w), self._beacon_path],
+            pass_fds=(to_child_r, to_parent_w),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        os.close(to_child_r)
+        os.close(to_parent_w)
+        self.tx = Connection(to_child_w, readable=False)
+        self.rx = Connection(to_parent_r, writable=False)
+        self.slots: dict[int, str] = {}  # beacon slot -> item id
+        self.rss = 0
+        try:
+            self.tx.send(("config", config.to_dict()))
+            self.reply(start_timeout_s, "starting")
+        except WorkerDied as exc:
+            self.kill()
+            raise DlbricksError(f"measurement worker {exc.detail}") from None
+
+    def beacon(self) -> int:
+        try:
+            with open(self._beacon_path, "rb") as f:
+                return int(struct.unpack("<q", f.read(8))[0])
+        except (OSError, struct.error):
+            return -1
+
+    def reply(self, timeout_s: float, doing: str) -> Any:
+        """The worker's next message, or :class:`WorkerDied` naming the culprit slot."""
+        try:
+            ready = self.rx.poll(timeout_s)
+        except (OSError, EOFError):
+            ready = True
+        if not ready:
+            slot = self.beacon()
+            self.kill()
+            raise WorkerDied(slot, "timeout", f"timed out after {timeout_s:.0f} s while {doing}")
+        try:
+            return self.rx.recv()
+        except (EOFError, OSError):
+            slot = self.beacon()
+            code = self.proc.wait(5.0)
+            self.kill()
+            raise WorkerDied(slot, "crash", f"crashed while {doing} ({_describe_exit(code)})") from None
+
+    def send(self, msg: Any) -> None:
+        try:
+            self.tx.send(msg)
+        except (OSError, EOFError):
+            pass  # the worker is gone: the reply reports it
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        for c in (self.tx, self.rx):
+            c.close()
+        try:
+            os.unlink(self._beacon_path)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self.send(None)
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+
+def _describe_exit(code: int | None) -> str:
+    import signal
+
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class _Track:
+    item: EngineItem
+    worker: int
+    info: dict[str, Any] = field(default_factory=dict)
+    times: list[int] = field(default_factory=list)
+    round_medians: list[float] = field(default_factory=list)
+    sampling_s: float = 0.0
+    setup_s: float = 0.0
+    open: bool = False
+    final: bool = False
+
+    @property
+    def median(self) -> float:
+        """The latency estimate (ns): the median of the per-round medians, so that
+        every round weighs the same for every item whatever its burst lengths, and a
+        slow phase of the machine shifts bricks and models alike."""
+        if self.round_medians:
+            return float(np.median(self.round_medians))
+        return float(self.info.get("run_s", 1e-6)) * 1e9
+
+    def se(self) -> float:
+        """Standard error of the latency estimate (ns), from the spread between rounds."""
+        m = self.median
+        r = len(self.round_medians)
+        if r < 3:
+            return _PRIOR_CV * m / math.sqrt(max(1, len(self.times)))
+        # A robust spread (MAD, scaled to a normal sd) so that one round hit by an
+        # interrupt does not widen the interval; 1.2533 is the median's efficiency
+        # factor (its standard error over the mean's for normal data).
+        meds = np.asarray(self.round_medians)
+        sd = 1.4826 * float(np.median(np.abs(meds - np.median(meds))))
+        return max(1.2533 * sd / math.sqrt(r), 1e-4 * m)
+
+    def df(self) -> float:
+        return max(1, len(self.round_medians) - 1)
+
+
+def _group_state(
+    g: Group, tracks: Mapping[str, _Track], precision: float
+) -> tuple[bool, float, float]:
+    """(converged, relative half-width of the 95% interval, the group's latency in ns)."""
+    mu = 0.0
+    var = 0.0
+    welch = 0.0
+    for i, c in g.terms.items():
+        t = tracks.get(i)
+        if t is None or (not t.open and not t.final):
+            continue
+        mu += c * t.median
+        v = (c * t.se()) ** 2
+        var += v
+        welch += v * v / t.df()
+    if mu <= 0:
+        return True, 0.0, 0.0
+    df = var * var / welch if welch > 0 else math.inf
+    half = t_quantile(df) * math.sqrt(var) / mu
+    return half <= precision, half, mu
+
+
+def _allocation(
+    groups: Sequence[Group], tracks: Mapping[str, _Track], precision: float
+) -> dict[str, float]:
+    """Runs each live item needs in all (see the module docstring)."""
+    need: dict[str, float] = {}
+    z = t_quantile(math.inf)
+    for g in groups:
+        live = [(tracks[i], c) for i, c in g.terms.items() if i in tracks and tracks[i].open]
+        if not live:
+            continue
+        mu = sum(c * t.median for t, c in live)
+        if mu <= 0:
+            continue
+        v_star = (precision * mu / z) ** 2
+        parts = []
+        for t, c in live:
+            n = max(1, len(t.times))
+            sigma = t.se() * math.sqrt(n)
+            parts.append((t, c, sigma, max(t.median, 1.0)))
+        s = sum(c * sigma * math.sqrt(tt) for _, c, sigma, tt in parts)
+        for t, c, sigma, tt in parts:
+            n_b = c * sigma / math.sqrt(tt) * s / v_star
+            key = t.item.id
+            need[key] = max(need.get(key, 0.0), n_b)
+    return need
+
+
+def _measurement(track: _Track, config: RunnerConfig, stop_reason: str) -> Measurement:
+    times = np.asarray(track.times, dtype=np.int64)
+    stats = summarize(times)
+    meds = np.asarray(track.round_medians, dtype=np.float64)
+    se = track.se()
+    r = len(meds)
+    t = t_quantile(max(1, r - 1))
+    median = track.median
+    drift = float((meds.max() - meds.min()) / median) if r >= 2 and median > 0 else 0.0
+    from dataclasses import replace
+
+    stats = replace(
+        stats,
+        median=median,
+        ci_low=max(0.0, median - t * se),
+        ci_high=median + t * se,
+        ci_exact=r >= 3,
+        drift=drift,
+        warning=None if r >= 3 else stats.warning,
+    )
+    if times.size > KEEP_TIMES:
+        idx = np.linspace(0, times.size - 1, KEEP_TIMES).round().astype(np.int64)
+        times = times[idx]
+    info = track.info
+    den_in, n_in = info.get("denormals_in", (0, 0))
+    den_out, n_out = info.get("denormals_out", (0, 0))
+    import onnxruntime as ort
+
+    return Measurement(
+        times_ns=times,
+        stats=stats,
+        config=config,
+        warmup_iters=int(info.get("warmup_runs", 0)),
+        stop_reason=stop_reason,
+        setup_time_s=track.setup_s,
+        wall_time_s=track.setup_s + track.item.prep_s + track.sampling_s,
+        denormal_input_fraction=den_in / n_in if n_in else 0.0,
+        denormal_output_fraction=den_out / n_out if n_out else 0.0,
+        denormal_fraction=(den_in + den_out) / (n_in + n_out) if (n_in + n_out) else 0.0,
+        denormals_as_zero=config.denormals_as_zero,
+        denormals_flushed=bool(info.get("denormals_flushed", config.denormals_as_zero)),
+        ort_version=ort.__version__,
+        seed=track.item.seed,
+        model=track.item.label or track.item.id,
+        sampling_time_s=track.sampling_s,
+        io_binding=bool(info.get("io_binding", True)),
+        rounds=r,
+        round_medians_ns=[float(x) for x in meds],
+        median_se_ns=se,
+    )
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def _memory_budget(config: RunnerConfig) -> int:
+    if config.memory_budget_mb:
+        return config.memory_budget_mb << 20
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError):
+        pass
+    return 4 << 30
+
+
+def _worker_configs(config: RunnerConfig, jobs: int) -> list[RunnerConfig]:
+    from dataclasses import replace
+
+    if jobs <= 1:
+        return [config]
+    per = max(1, config.intra_op_threads)
+    cores = list(config.cores) if config.cores else list(range(jobs * per))
+    if len(cores) < jobs * per:
+        raise DlbricksError(f"--jobs {jobs} needs {jobs * per} cores to pin to, got {len(cores)}")
+    return [replace(config, cores=tuple(cores[i * per : (i + 1) * per])) for i in range(jobs)]
+
+
+class _Engine:
+    def __init__(
+        self,
+        items: Sequence[EngineItem],
+        groups: Sequence[Group],
+        config: RunnerConfig,
+        on_result: Callable[[EngineItem, Measurement | Failure], None],
+        on_round: Callable[[int, int, int], None] | None,
+        jobs: int,
+        start_timeout_s: float,
+        worker_factory: Callable[[RunnerConfig, float], Any] | None,
+    ) -> None:
+        self.config = config
+        self.worker_factory = worker_factory or _Worker
+        self.on_result = on_result
+        self.on_round = on_round
+        self.start_timeout_s = start_timeout_s
+        self.worker_configs = _worker_configs(config, jobs)
+        self.workers: list[_Worker | None] = [None] * len(self.worker_configs)
+        self.tracks: dict[str, _Track] = {}
+        for n, it in enumerate(items):
+            if it.id in self.tracks:
+                raise DlbricksError(f"measurement engine: item {it.id!r} given twice")
+            self.tracks[it.id] = _Track(it, n % len(self.worker_configs))
+        known = set(self.tracks)
+        self.groups = [Group(g.name, {i: c for i, c in g.terms.items() if i in known and c > 0}) for g in groups]
+        # Items no group names still get measured to the precision of their own latency.
+        named = {i for g in self.groups for i in g.terms}
+        self.groups += [Group(i, {i: 1.0}) for i in self.tracks if i not in named]
+        self.groups_of: dict[str, list[Group]] = {i: [] for i in self.tracks}
+        for g in self.groups:
+            for i in g.terms:
+                self.groups_of[i].append(g)
+        self.summary = EngineSummary(groups=len(self.groups))
+        self.done = 0
+
+    # ------------------------------------------------------------------ workers
+
+    def worker(self, w: int) -> _Worker:
+        wk = self.workers[w]
+        if wk is None:
+            wk = self.worker_factory(self.worker_configs[w], self.start_timeout_s)
+            self.workers[w] = wk
+            self.summary.worker_starts += 1
+        return wk
+
+    def fail(self, track: _Track, reason: str, error: str, wall_s: float = 0.0) -> None:
+        track.open = False
+        track.final = True
+        self.summary.failed += 1
+        self.done += 1
+        self.on_result(track.item, Failure(error, reason, None, wall_s))
+
+    def open(self, track: _Track) -> bool:
+        """Open one session on its worker; False if it failed (already reported)."""
+        it = track.item
+        t0 = time.perf_counter()
+        try:
+            source = it.source() if callable(it.source) else it.source
+        except DlbricksError as exc:
+            self.fail(track, "error", str(exc), time.perf_counter() - t0)
+            return False
+        gen_s = time.perf_counter() - t0
+        if callable(it.source):
+            it.prep_s += gen_s
+        wk = self.worker(track.worker)
+        wk.send(("open", it.id, source, dict(it.int_bounds) if it.int_bounds else None, it.seed))
+        del source
+        try:
+            msg = wk.reply(self.config.timeout_s, f"opening {it.label or it.id}")
+        except WorkerDied as exc:
+            self.workers[track.worker] = None
+            self.fail(track, exc.reason, f"{it.label or it.id}: worker {exc.detail}", time.perf_counter() - t0)
+            self.reopen(track.worker)
+            return False
+        if msg[0] == "failed":
+            self.fail(track, "error", f"{it.label or it.id}: {msg[2]}", time.perf_counter() - t0)
+            return False
+        track.info = msg[2]
+        track.setup_s += float(track.info["setup_s"])
+        wk.slots[int(track.info["slot"])] = it.id
+        wk.rss = int(track.info.get("rss", wk.rss))
+        track.open = True
+        return True
+
+    def reopen(self, w: int) -> None:
+        """After a worker died: open its live sessions again in a fresh one."""
+        for t in list(self.tracks.values()):
+            if t.worker == w and t.open:
+                t.open = False
+                self.open(t)
+
+    # ------------------------------------------------------------------ rounds
+
+    def plan(self, round_no: int) -> dict[int, list[tuple[str, int, bool]]]:
+        cfg = self.config
+        need = _allocation(self.groups, self.tracks, cfg.precision)
+        rounds_left = max(1, cfg.min_rounds - round_no)
+        plans: dict[int, list[tuple[str, int, bool]]] = {}
+        for t in self.tracks.values():
+            if not t.open:
+                continue
+            run_s = max(t.median * 1e-9, 1e-7)
+            k_max = max(1, int(cfg.burst_s / run_s))
+            want = need.get(t.item.id, 1.0) - len(t.times)
+            k = int(min(k_max, max(1, math.ceil(want / rounds_left))))
+            plans.setdefault(t.worker, []).append((t.item.id, k, t.item.warm))
+        return plans
+
+    def run_round(self, round_no: int) -> None:
+        plans = self.plan(round_no)
+        expected: dict[int, float] = {}
+        for w, plan in plans.items():
+            expected[w] = sum((k + 1) * self.tracks[i].median * 1e-9 for i, k, _ in plan)
+            self.worker(w).send(("round", plan))
+        for w, plan in plans.items():
+            wk = self.worker(w)
+            limit = _ROUND_SLACK * expected[w] + self.config.timeout_s
+            try:
+                msg = wk.reply(limit, f"running round {round_no + 1}")
+            except WorkerDied as exc:
+                self.workers[w] = None
+                culprit = wk.slots.get(exc.slot)
+                if culprit is not None and culprit in self.tracks:
+                    t = self.tracks[culprit]
+                    self.fail(t, exc.reason, f"{t.item.label or t.item.id}: worker {exc.detail}")
+                self.reopen(w)
+                continue
+            _, times, wall_s = msg
+            total = sum(sum(v) for v in times.values()) or 1
+            for item_id, ts in times.items():
+                t = self.tracks[item_id]
+                if not ts:
+                    continue
+                t.times.extend(ts)
+                t.round_medians.append(float(np.median(ts)))
+                # The round's real wall time, shared in proportion to timed work, so
+                # the cost includes warm-up runs, input reads and the loop itself.
+                t.sampling_s += wall_s * sum(ts) / total
+
+    def finalize(self, round_no: int, force: str | None = None) -> None:
+        cfg = self.config
+        state = {id(g): _group_state(g, self.tracks, cfg.precision)[0] for g in self.groups}
+        closing: dict[int, list[str]] = {}
+        for t in self.tracks.values():
+            if not t.open:
+                continue
+            enough = len(t.round_medians) >= cfg.min_rounds
+            converged = enough and all(state[id(g)] for g in self.groups_of[t.item.id])
+            if converged or force:
+                t.open = False
+                t.final = True
+                self.summary.measured += 1
+                self.done += 1
+                self.on_result(t.item, _measurement(t, cfg, "converged" if converged else (force or "max_rounds")))
+                closing.setdefault(t.worker, []).append(t.item.id)
+        for w, ids in closing.items():
+            wk = self.workers[w]
+            if wk is None:
+                continue
+            wk.send(("close", ids))
+            try:
+                msg = wk.reply(self.config.timeout_s, "closing sessions")
+                wk.rss = int(msg[1])
+            except WorkerDied:
+                self.workers[w] = None
+
+    def run(self) -> EngineSummary:
+        t_start = time.perf_counter()
+        budget = _memory_budget(self.config)
+        pending = [t for t in self.tracks.values()]
+        try:
+            while pending:
+                # Open as many sessions as the memory budget holds: one batch.
+                self.summary.batches += 1
+                while pending:
+                    t = pending.pop(0)
+                    self.open(t)
+                    rss = sum(w.rss for w in self.workers if w is not None)
+                    if rss >= budget and any(x.open for x in self.tracks.values()):
+                        break
+                round_no = 0
+                while any(t.open for t in self.tracks.values()):
+                    self.run_round(round_no)
+                    round_no += 1
+                    self.summary.rounds += 1
+                    last = round_no >= self.config.max_rounds
+                    self.finalize(round_no, "max_rounds" if last else None)
+                    if self.on_round is not None:
+                        self.on_round(self.done, len(self.tracks), self.summary.rounds)
+            self.summary.converged_groups = sum(
+                _group_state(g, self.tracks, self.config.precision)[0] for g in self.groups
+            )
+        finally:
+            for wk in self.workers:
+                if wk is not None:
+                    wk.stop()
+        self.summary.wall_s = time.perf_counter() - t_start
+        return self.summary
+
+
+def measure(
+    items: Sequence[EngineItem],
+    groups: Sequence[Group],
+    config: RunnerConfig,
+    *,
+    on_result: Callable[[EngineItem, Measurement | Failure], None],
+    on_round: Callable[[int, int, int], None] | None = None,
+    jobs: int = 1,
+    start_timeout_s: float = START_TIMEOUT_S,
+    worker_factory: Callable[[RunnerConfig, float], Any] | None = None,
+) -> EngineSummary:
+    """Measure every item to the precision its groups need, in interleaved rounds.
+
+    Args:
+        items: the sessions to measure.
+        groups: the quantities whose precision is stated (a model's reconstructed
+            latency: its bricks with their occurrences; a whole model: itself).
+            Items in no group are measured to the precision of their own latency.
+        config: the runner configuration (``precision``, ``min_rounds``,
+            ``max_rounds``, ``cache_state``, ``burst_s``, ``memory_budget_mb``, pinning).
+        on_result: called with each item and its :class:`Measurement` or
+            :class:`Failure` as soon as it is final (store it there).
+        on_round: called after each round with (final items, all items, rounds).
+        jobs: worker processes measuring at once, each pinned to its own cores.
+        start_timeout_s: how long a worker may take to start.
+        worker_factory: makes a worker from (its config, start timeout); by default a
+            worker process. Simulations pass an in-process stand-in that answers the
+            same requests (see :mod:`dlbricks.timing.engine_worker`) from synthetic
+            timing streams, and raises :class:`WorkerDied` as a dead process would.
+
+    Returns:
+        An :class:`EngineSummary`.
+
+    Raises:
+        DlbricksError: a worker cannot be started at all, or items repeat.
+        Exception: whatever ``on_result`` raises (the workers are stopped first).
+    """
+    return _Engine(items, groups, config, on_result, on_round, jobs, start_timeout_s, worker_factory).run()
+

@@ -1,0 +1,230 @@
+"""The measurement engine's worker process: holds many bound sessions, runs rounds.
+
+Started by :mod:`dlbricks.timing.engine` as ``python -m dlbricks.timing.engine_worker
+READ_FD WRITE_FD BEACON``, a fresh interpreter rather than a ``multiprocessing`` child,
+so that a user's script needs no ``if __name__ == "__main__":`` guard (``spawn``
+re-imports the parent's main module; this does not).
+
+Protocol (pickled tuples over a pipe, one reply per request):
+
+- ``("config", config_dict)`` -> ``("ready", pid)``: pin this process, keep the config.
+- ``("open", id, source, int_bounds, seed)`` -> ``("opened", id, info)`` or
+  ``("failed", id, message)``: create and bind a session (``source`` is serialized
+  model bytes or a path), warm it up until its run time settles.
+- ``("round", [(id, k, warm), ...])`` -> ``("round", {id: [ns, ...]}, wall_s)``: give
+  every listed session ``k`` timed runs, in the order the cache state asks for.
+- ``("close", [id, ...])`` -> ``("closed", rss_bytes)``.
+- ``None`` or end of file: exit.
+
+Before touching a session the worker writes its slot number into the *beacon*, a
+small shared file, so that the parent can tell which session was running when the
+worker crashed or hung, without a message per run.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import struct
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+#: Warm-up ends when the latest run is within this fraction of the fastest so far...
+_STEADY_TOLERANCE = 0.05
+#: ...for this many consecutive runs,
+_STEADY_RUNS = 3
+#: or after this many runs or seconds, whichever comes first.
+_WARMUP_MAX_RUNS = 50
+_WARMUP_MAX_S = 1.0
+
+
+class _Beacon:
+    """The slot of the session being run, in a shared 8-byte file (-1: none)."""
+
+    def __init__(self, path: str) -> None:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, 8)
+        finally:
+            os.close(fd)
+
+    def set(self, slot: int) -> None:
+        struct.pack_into("<q", self._map, 0, slot)
+
+
+class _Session:
+    __slots__ = ("bound", "inputs", "slot")
+
+    def __init__(self, bound: Any, inputs: list[np.ndarray], slot: int) -> None:
+        self.bound = bound
+        self.inputs = inputs
+        self.slot = slot
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _touch(arrays: list[np.ndarray]) -> None:
+    # Reading every cache line brings the inputs into the caches, as a layer finds
+    # the output its predecessor just wrote; summing bytes is the cheapest full read.
+    for a in arrays:
+        if a.dtype.kind in "fiub" and a.size:
+            np.add.reduce(a.reshape(-1).view(np.uint8)[::64])
+
+
+def _fraction(arrays: Any, count: Any) -> tuple[int, int]:
+    arrays = list(arrays)
+    return sum(count(a) for a in arrays), sum(int(np.size(a)) for a in arrays)
+
+
+def _warm_up(bound: Any, timed_runs: Any) -> tuple[int, float]:
+    """Run until the run time settles; returns (runs, the settled run time in s)."""
+    times: list[int] = []
+    deadline = time.perf_counter_ns() + int(_WARMUP_MAX_S * 1e9)
+    steady = 0
+    best = None
+    while len(times) < _WARMUP_MAX_RUNS:
+        timed_runs(bound, 1, out=times)
+        t = times[-1]
+        if best is not None and t <= best * (1 + _STEADY_TOLERANCE):
+            steady += 1
+        else:
+            steady = 0
+        best = t if best is None else min(best, t)
+        if steady >= _STEADY_RUNS or time.perf_counter_ns() > deadline:
+            break
+    tail = sorted(times[-_STEADY_RUNS:])
+    return len(times), tail[len(tail) // 2] * 1e-9
+
+
+def serve(conn: Connection, beacon: _Beacon) -> None:
+    from dlbricks.errors import DlbricksError
+    from dlbricks.timing.config import RunnerConfig
+    from dlbricks.timing.fpenv import FloatEnv, denormals_flushed
+    from dlbricks.timing.fpenv import count_denormals
+    from dlbricks.timing.inputs import session_feeds
+    from dlbricks.timing.session import bind, create_session, timed_runs
+
+    tag, cfg_dict = conn.recv()
+    assert tag == "config"
+    config = RunnerConfig.from_dict(cfg_dict)
+    if config.cores is not None:
+        os.sched_setaffinity(0, {config.cores[0]} if config.intra_op_threads > 1 else set(config.cores))
+    import onnxruntime  # noqa: F401  (paid before "ready", so on no session's clock)
+
+    fenv = FloatEnv()
+    sessions: dict[str, _Session] = {}
+    next_slot = 0
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        op = msg[0]
+        if op == "open":
+            _, item_id, source, int_bounds, seed = msg
+            slot = next_slot
+            next_slot += 1
+            beacon.set(slot)
+            t0 = time.perf_counter()
+            try:
+                if config.cores is not None and config.intra_op_threads > 1:
+                    os.sched_setaffinity(0, set(config.cores))
+                session = create_session(source, config)
+                fenv.set_flush(config.denormals_as_zero)
+                flushed = denormals_flushed()
+                feeds = session_feeds(session, source, None, seed, int_bounds)
+                bound = bind(session, feeds)
+                if config.cores is not None and config.intra_op_threads > 1:
+                    os.sched_setaffinity(0, {config.cores[0]})
+                warm_runs, run_s = _warm_up(bound, timed_runs)
+                info = {
+                    "slot": slot,
+                    "setup_s": time.perf_counter() - t0,
+                    "warmup_runs": warm_runs + 2,  # bind runs the session twice
+                    "run_s": run_s,
+                    "rss": _rss_bytes(),
+                    "io_binding": bound.uses_iobinding,
+                    "denormals_flushed": flushed,
+                    "denormals_in": _fraction(feeds.values(), count_denormals),
+                    "denormals_out": _fraction(bound.outputs().values(), count_denormals),
+                }
+                sessions[item_id] = _Session(bound, [np.asarray(a) for a in feeds.values()], slot)
+                conn.send(("opened", item_id, info))
+            except Exception as exc:  # a bad brick is that brick's failure, not the worker's
+                text = str(exc) if isinstance(exc, DlbricksError) else f"{type(exc).__name__}: {exc}"
+                conn.send(("failed", item_id, text.splitlines()[0] if text else type(exc).__name__))
+            finally:
+                beacon.set(-1)
+        elif op == "round":
+            plan: list[tuple[str, int, bool]] = msg[1]
+            out: dict[str, list[int]] = {item_id: [] for item_id, _, _ in plan}
+            t0 = time.perf_counter()
+            cold = []
+            for item_id, k, warm in plan:
+                s = sessions[item_id]
+                if warm or config.cache_state == "warm":
+                    beacon.set(s.slot)
+                    s.bound.run()  # restores the session's own working set in the caches
+                    timed_runs(s.bound, k, out=out[item_id])
+                else:
+                    cold.append((s, k, out[item_id]))
+            # Pass j runs every cold session that wants more than j runs once, so two
+            # runs of one session always have the others' runs between them.
+            j = 0
+            while cold:
+                for s, _, times in cold:
+                    beacon.set(s.slot)
+                    _touch(s.inputs)
+                    timed_runs(s.bound, 1, out=times)
+                j += 1
+                cold = [entry for entry in cold if entry[1] > j]
+            beacon.set(-1)
+            conn.send(("round", out, time.perf_counter() - t0))
+        elif op == "close":
+            for item_id in msg[1]:
+                sessions.pop(item_id, None)
+            conn.send(("closed", _rss_bytes()))
+        else:  # pragma: no cover - protocol error
+            conn.send(("error", f"unknown request {op!r}"))
+
+
+def main(argv: list[str]) -> int:
+    # Ctrl-C reaches the whole process group; the parent decides what to do and
+    # kills us, so a half-finished round is never reported as a result.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    read_fd, write_fd, beacon_path = int(argv[0]), int(argv[1]), argv[2]
+    conn_in = Connection(read_fd, writable=False)
+    conn_out = Connection(write_fd, readable=False)
+    serve(_Duplex(conn_in, conn_out), _Beacon(beacon_path))  # type: ignore[arg-type]
+    return 0
+
+
+class _Duplex:
+    """Two one-way pipe connections as one (a pipe pair inherited by fd number)."""
+
+    def __init__(self, rx: Connection, tx: Connection) -> None:
+        self._rx, self._tx = rx, tx
+
+    def recv(self) -> Any:
+        return self._rx.recv()
+
+    def send(self, obj: Any) -> None:
+        self._tx.send(obj)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,258 @@
+"""The measurement engine: allocation, precision, interleaving, isolation.
+
+Most tests drive the real scheduler with an in-process worker that answers the
+engine's requests from synthetic timing streams (known true latencies, known noise,
+a machine that can slow down); the last ones run real worker processes on real
+ONNX models.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from dlbricks.timing import RunnerConfig
+from dlbricks.timing.engine import EngineItem, Group, WorkerDied, measure, t_quantile
+from dlbricks.timing.runner import Failure, Measurement
+
+
+class SyntheticWorker:
+    """Answers the worker protocol from item specs ``{"ns": true latency, "cv": noise}``.
+
+    ``speed(round_no)`` scales every run of that round (a machine slowing down);
+    ``crash_on`` names an item whose first round kills the worker.
+    """
+
+    def __init__(self, config, start_timeout_s, *, rng, speed=lambda r: 1.0, crash_on=(), counts=None):
+        self.rng, self.speed, self.crash_on = rng, speed, set(crash_on)
+        self.specs, self.slots, self.rss, self.round_no = {}, {}, 0, 0
+        self.counts = counts if counts is not None else {}
+        self._reply = None
+
+    def send(self, msg):
+        if msg is None:
+            return
+        op = msg[0]
+        if op == "open":
+            _, item_id, spec, _, _ = msg
+            if spec.get("bad"):
+                self._reply = ("failed", item_id, "cannot load the model: bad")
+                return
+            slot = len(self.slots)
+            self.slots[slot] = item_id
+            self.specs[item_id] = (spec, slot)
+            self._reply = ("opened", item_id, {"slot": slot, "setup_s": 0.001, "run_s": spec["ns"] * 1e-9, "rss": 0})
+        elif op == "round":
+            out = {}
+            f = self.speed(self.round_no)
+            for item_id, k, _ in msg[1]:
+                spec, slot = self.specs[item_id]
+                if item_id in self.crash_on:
+                    self._reply = WorkerDied(slot, "crash", "crashed (killed by SIGSEGV)")
+                    return
+                noise = self.rng.lognormal(0.0, spec["cv"], size=k)
+                out[item_id] = [int(spec["ns"] * f * x) for x in noise]
+                self.counts[item_id] = self.counts.get(item_id, 0) + k
+            self.round_no += 1
+            wall = sum(sum(v) for v in out.values()) * 1e-9
+            self._reply = ("round", out, wall)
+        elif op == "close":
+            self._reply = ("closed", 0)
+
+    def reply(self, timeout_s, doing):
+        r, self._reply = self._reply, None
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    def stop(self):
+        pass
+
+    def kill(self):
+        pass
+
+
+def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), **cfg):
+    rng = np.random.default_rng(seed)
+    counts: dict[str, int] = {}
+    results: dict[str, Measurement | Failure] = {}
+    config = RunnerConfig(**cfg)
+    summary = measure(
+        [EngineItem(i, spec) for i, spec in specs.items()],
+        [Group(name, terms) for name, terms in groups.items()],
+        config,
+        on_result=lambda it, r: results.__setitem__(it.id, r),
+        worker_factory=lambda c, t: SyntheticWorker(c, t, rng=rng, speed=speed, crash_on=crash_on, counts=counts),
+    )
+    return results, counts, summary
+
+
+def group_estimate(results, terms):
+    point = sum(c * results[i].stats.median for i, c in terms.items())
+    se = math.sqrt(sum((c * results[i].median_se_ns) ** 2 for i, c in terms.items()))
+    return point, se
+
+
+def test_t_quantile_matches_the_normal_limit_and_small_samples():
+    assert t_quantile(math.inf) == pytest.approx(1.959964, abs=1e-5)
+    assert t_quantile(4) == pytest.approx(2.776445, abs=1e-5)
+
+
+def test_a_brick_with_more_occurrences_gets_more_runs():
+    specs = {"a": {"ns": 1e5, "cv": 0.05}, "b": {"ns": 1e5, "cv": 0.05}}
+    _, counts, _ = run_synthetic(specs, {"m": {"a": 20.0, "b": 1.0}}, precision=0.01)
+    assert counts["a"] > 3 * counts["b"]
+
+
+def test_a_brick_with_more_variance_gets_more_runs():
+    specs = {"a": {"ns": 1e5, "cv": 0.20}, "b": {"ns": 1e5, "cv": 0.01}}
+    _, counts, _ = run_synthetic(specs, {"m": {"a": 1.0, "b": 1.0}}, precision=0.01)
+    assert counts["a"] > 3 * counts["b"]
+
+
+def test_a_negligible_brick_gets_few_runs():
+    specs = {"big": {"ns": 1e7, "cv": 0.05}, "tiny": {"ns": 1e4, "cv": 0.05}}
+    _, counts, _ = run_synthetic(specs, {"m": {"big": 1.0, "tiny": 1.0}}, precision=0.005)
+    # One run a round, to stay interleaved with the rest: well under 1% of the time.
+    assert counts["tiny"] * 1e4 < 0.01 * counts["big"] * 1e7
+
+
+def test_model_intervals_meet_the_requested_precision_and_cover_the_truth():
+    rng = np.random.default_rng(1)
+    specs = {f"b{i}": {"ns": float(rng.uniform(1e4, 1e6)), "cv": float(rng.uniform(0.01, 0.2))} for i in range(40)}
+    groups = {f"m{j}": {f"b{i}": float(rng.integers(1, 6)) for i in rng.choice(40, size=12, replace=False)} for j in range(6)}
+    covered = total = 0
+    for seed in range(10):
+        results, _, summary = run_synthetic(specs, groups, seed=seed, precision=0.02)
+        assert summary.converged_groups == summary.groups
+        for terms in groups.values():
+            point, se = group_estimate(results, terms)
+            assert 1.96 * se <= 0.02 * point
+            # The streams are lognormal: the true median of each is its "ns".
+            truth = sum(c * specs[i]["ns"] for i, c in terms.items())
+            covered += abs(point - truth) <= 1.96 * se
+            total += 1
+    assert covered / total >= 0.9
+
+
+def test_a_speed_change_mid_run_leaves_normalized_latency_unchanged():
+    specs = {"b1": {"ns": 2e5, "cv": 0.03}, "b2": {"ns": 5e5, "cv": 0.03}, "model": {"ns": 7e5, "cv": 0.03}}
+    groups = {"recon": {"b1": 1.0, "b2": 1.0}, "e2e": {"model": 1.0}}
+
+    def ratio(speed):
+        results, _, _ = run_synthetic(specs, groups, speed=speed, seed=3, min_rounds=8)
+        return (results["b1"].stats.median + results["b2"].stats.median) / results["model"].stats.median
+
+    steady = ratio(lambda r: 1.0)
+    slowed = ratio(lambda r: 2.0 if 2 <= r < 5 else 1.0)
+    assert steady == pytest.approx(1.0, abs=0.03)
+    assert slowed == pytest.approx(steady, abs=0.03)
+
+
+def test_drift_between_rounds_widens_the_interval():
+    specs = {"b": {"ns": 1e5, "cv": 0.01}}
+    calm, _, _ = run_synthetic(specs, {}, seed=0, min_rounds=8, max_rounds=8)
+    drifting, _, _ = run_synthetic(specs, {}, seed=0, min_rounds=8, max_rounds=8, speed=lambda r: 1.0 + 0.1 * (r % 2))
+    assert drifting["b"].median_se_ns > 3 * calm["b"].median_se_ns
+    assert drifting["b"].stats.drift > 0.05
+
+
+def test_a_crashing_session_fails_alone_and_the_rest_are_measured():
+    specs = {"ok1": {"ns": 1e5, "cv": 0.02}, "boom": {"ns": 1e5, "cv": 0.02}, "ok2": {"ns": 1e5, "cv": 0.02}}
+    results, _, summary = run_synthetic(specs, {}, crash_on=("boom",))
+    assert isinstance(results["boom"], Failure) and results["boom"].reason == "crash"
+    assert isinstance(results["ok1"], Measurement) and isinstance(results["ok2"], Measurement)
+    assert summary.failed == 1 and summary.measured == 2 and summary.worker_starts >= 2
+
+
+def test_a_session_that_cannot_open_is_a_failure_with_the_reason():
+    results, _, _ = run_synthetic({"bad": {"bad": True}, "ok": {"ns": 1e5, "cv": 0.02}}, {})
+    assert isinstance(results["bad"], Failure) and "bad" in results["bad"].error
+    assert isinstance(results["ok"], Measurement)
+
+
+def test_results_keep_a_bounded_sample_and_every_round_median():
+    results, _, _ = run_synthetic({"b": {"ns": 1e3, "cv": 0.05}}, {}, precision=0.001, min_rounds=5)
+    m = results["b"]
+    assert m.stats.n > len(m.times_ns)
+    assert len(m.times_ns) <= 1024 and m.rounds == len(m.round_medians_ns) >= 5
+    assert m.stats.ci_low < m.stats.median < m.stats.ci_high
+
+
+# --------------------------------------------------------------------------- real workers
+
+
+def _matmul_model(n: int, name: str) -> bytes:
+    w = helper.make_tensor("w", TensorProto.FLOAT, [n, n], np.full(n * n, 0.01, np.float32))
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        initializer=[w],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("cache_state", ["warm", "cold"])
+def test_real_workers_measure_sessions_from_bytes(cache_state):
+    items = [EngineItem(f"mm{n}", _matmul_model(n, f"mm{n}"), label=f"mm{n}") for n in (64, 256)]
+    items.append(EngineItem("broken", b"not an onnx model", label="broken"))
+    results: dict[str, object] = {}
+    summary = measure(items, [Group("m", {"mm64": 1.0, "mm256": 1.0})], RunnerConfig(cache_state=cache_state),
+                      on_result=lambda it, r: results.__setitem__(it.id, r))
+    assert isinstance(results["broken"], Failure) and "broken" in results["broken"].error
+    for n in (64, 256):
+        m = results[f"mm{n}"]
+        assert isinstance(m, Measurement), m
+        assert m.rounds >= 5 and m.stats.median > 0 and m.wall_time_s > 0
+    assert results["mm256"].stats.median > results["mm64"].stats.median
+    assert summary.measured == 2 and summary.failed == 1
+
+
+def test_a_worker_killed_between_rounds_is_replaced_and_its_sessions_reopened():
+    import os
+    import signal
+
+    good = EngineItem("good", _matmul_model(32, "good"))
+    victim = EngineItem("victim", _matmul_model(48, "victim"))
+    results: dict[str, object] = {}
+    killed = []
+
+    def on_round(done, total, rounds):
+        if rounds == 1 and not killed:
+            # Kill the worker between rounds: the next round finds it dead.
+            for pid in _worker_pids():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    summary = measure([good, victim], [], RunnerConfig(), on_result=lambda it, r: results.__setitem__(it.id, r),
+                      on_round=on_round)
+    assert killed
+    assert isinstance(results["good"], Measurement) and isinstance(results["victim"], Measurement)
+    assert summary.worker_starts >= 2
+
+
+def _worker_pids():
+    import os
+
+    me = os.getpid()
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().split()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(fields[3]) == me and b"dlbricks.timing.engine_worker" in cmd:
+            pids.append(int(d))
+    return pids

@@ -73,6 +73,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from dlbricks.cpuset import parse_ranges, usable_cpus
 from dlbricks.errors import DlbricksError, ModelError, UsageError
 from dlbricks.model import layer_kinds, layer_names
 from dlbricks.pipeline import BenchSummary
@@ -232,7 +233,7 @@ def sketch(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) 
 
 def _load_chunk(paths: Sequence[str], input_shapes: dict[str, tuple[int, ...]] | None) -> tuple[dict, list[tuple]]:
     """Ray task body: (versions, [(sketch or None, error or None, warnings) per path])."""
-    from dlbricks.loading.onnx_io import load
+    from dlbricks.loading import load
 
     out = []
     for p in paths:
@@ -306,17 +307,6 @@ def load_corpus_ray(
 # ----------------------------------------------------------------------------- the agent
 
 
-def _parse_cores(text: str) -> list[int]:
-    cores: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        a, sep, b = part.partition("-")
-        cores.extend(range(int(a), int(b) + 1) if sep else [int(a)])
-    return sorted(set(cores))
-
-
 def node_cores(cores: Sequence[int] | None, env: Mapping[str, str] | None = None) -> tuple[int, ...] | None:
     """The CPUs an agent on this node pins to, for a run pinned to ``cores``.
 
@@ -331,11 +321,11 @@ def node_cores(cores: Sequence[int] | None, env: Mapping[str, str] | None = None
         return None
     env = os.environ if env is None else env
     n = len(cores)
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    allowed = usable_cpus()
     spec = env.get(CORES_ENV)
     if spec:
         try:
-            mine = _parse_cores(spec)
+            mine = parse_ranges(spec)
         except ValueError:
             raise DlbricksError(f"{CORES_ENV}={spec!r}: expected CPU ids like 2 or 2-3") from None
         if len(mine) < n or not set(mine[:n]) <= set(allowed):
@@ -416,7 +406,7 @@ class _Agent:
         }
 
     def _model(self, path: str, shapes: dict[str, tuple[int, ...]] | None) -> Any:
-        from dlbricks.loading.onnx_io import load
+        from dlbricks.loading import load
 
         key = (path, tuple(sorted((shapes or {}).items())))
         if key in self.models:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlbricks.cpuset import parse_ranges, usable_cpus
 from dlbricks.files import write_atomically
 from dlbricks.errors import DlbricksError, UsageError
 
@@ -62,25 +62,16 @@ def parse_g_list(text: str) -> list[int]:
     Raises:
         UsageError: not integers, or a G < 1.
     """
-    out: set[int] = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part[1:]:
-                a, b = part.split("-", 1)
-                out.update(range(int(a), int(b) + 1))
-            else:
-                out.add(int(part))
-        except ValueError:
-            raise UsageError(f"-G {text!r}: expected integers like 1,2,3 or 1-3") from None
+    try:
+        out = parse_ranges(text)
+    except ValueError:
+        raise UsageError(f"-G {text!r}: expected integers like 1,2,3 or 1-3") from None
     if not out:
         raise UsageError("-G: no granularity given")
     bad = [g for g in out if g < 1]
     if bad:
         raise UsageError(f"-G {text!r}: G must be at least 1, got {min(bad)}")
-    return sorted(out)
+    return out
 
 
 def positive_int(text: str) -> int:
@@ -165,20 +156,11 @@ def parse_cores(text: str | None) -> tuple[int, ...]:
     """
     if text is None:
         return ()
-    cores: set[int] = set()
     try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                a, b = part.split("-", 1)
-                cores.update(range(int(a), int(b) + 1))
-            else:
-                cores.add(int(part))
+        cores = set(parse_ranges(text))
     except ValueError:
         raise UsageError(f"--cores {text!r}: expected CPU ids like 0-3,6") from None
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    allowed = set(usable_cpus())
     bad = sorted(cores - allowed)
     if bad:
         raise UsageError(f"--cores {text!r}: CPU {bad[0]} is not available (allowed: {sorted(allowed)})")
@@ -198,7 +180,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> "RunnerConfig":
         cores = parse_cores(args.cores)
     else:
         # The last CPUs: CPU 0 usually takes more interrupts and housekeeping.
-        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        allowed = usable_cpus()
         need = max(1, args.threads) * max(1, jobs)
         cores = tuple(allowed[-need:]) if len(allowed) >= need else tuple(allowed)
     if jobs == 1 and cores is not None and len(cores) > args.threads:

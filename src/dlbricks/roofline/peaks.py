@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from dlbricks.cpuset import parse_ranges
+
 __all__ = [
     "CacheLevel",
     "Peaks",
@@ -142,13 +144,7 @@ def _parse_size(text: str) -> int:
 
 def _count_cpus(cpu_list: str) -> int:
     """'0-3,8' -> 5."""
-    n = 0
-    for part in cpu_list.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        n += int(hi or lo) - int(lo) + 1
-    return n
+    return len(parse_ranges(cpu_list))
 
 
 def _caches_from_sys(root: Path) -> list[CacheLevel]:

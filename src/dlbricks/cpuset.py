@@ -1,0 +1,36 @@
+"""CPU lists as Linux writes them (``0-3,6``): the one parser for ``--cores``,
+``DLBRICKS_CORES``, ``-G`` ranges and the lists under ``/sys/devices/system/cpu``."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["parse_ranges", "usable_cpus"]
+
+
+def parse_ranges(text: str) -> list[int]:
+    """``0-3,6`` -> ``[0, 1, 2, 3, 6]``: comma-separated integers and inclusive ranges
+    ``a-b``, sorted, without duplicates. Empty items are skipped; a single item may be
+    negative (``-3``), so that callers can say why it is out of range.
+
+    Raises:
+        ValueError: an item is neither an integer nor a range of two.
+    """
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        dash = part.find("-", 1)  # from 1: a leading "-" is a sign
+        if dash > 0:
+            out.update(range(int(part[:dash]), int(part[dash + 1 :]) + 1))
+        else:
+            out.add(int(part))
+    return sorted(out)
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on, sorted (every CPU where the OS cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))

@@ -18,7 +18,7 @@ from onnx import numpy_helper as nh
 
 from dlbricks.bricks import model_digest
 from dlbricks.cli import main
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 
 from conftest import light
 
@@ -404,32 +404,26 @@ def _write_mo(path: Path, messages: dict[str, str]) -> None:
     path.write_bytes(out)
 
 
-def test_argparse_messages_are_translated_as_gettext_would(tmp_path, monkeypatch, capsys):
-    # The CLI resolves argparse's catalogue once per process instead of per message:
-    # the messages must be those gettext gives, translated or not.
+def test_argparse_messages_are_translated_by_gettext(tmp_path, monkeypatch, capsys):
+    # The CLI leaves argparse's own translation alone: its messages are gettext's.
     import argparse
     import gettext
 
     from dlbricks import cli
 
-    monkeypatch.setattr(argparse, "_", argparse._)  # restored after the test
-    monkeypatch.setattr(cli, "_argparse_catalogue_resolved", False)
+    with pytest.raises(SystemExit):
+        cli.main(["analyze", "--help"])
+    capsys.readouterr()
+    assert argparse._ is gettext.gettext
     _write_mo(tmp_path / "de" / "LC_MESSAGES" / "dlbtest.mo", {"usage: ": "Aufruf: ", "options": "Optionen"})
     monkeypatch.setenv("LANGUAGE", "de")
     domain = gettext.textdomain()
     gettext.bindtextdomain("dlbtest", str(tmp_path))
     gettext.textdomain("dlbtest")
     try:
-        cli._resolve_argparse_catalogue()
-        assert argparse._("usage: ") == gettext.gettext("usage: ") == "Aufruf: "
-        assert argparse._("positional arguments") == gettext.gettext("positional arguments")  # untranslated
         with pytest.raises(SystemExit):
             cli.build_parser("analyze").parse_args(["--help"])
         out = capsys.readouterr().out
         assert out.startswith("Aufruf: dlbricks analyze") and "\nOptionen:\n" in out
     finally:
         gettext.textdomain(domain)
-    # Without a catalogue (the usual case) messages come back unchanged.
-    monkeypatch.setattr(cli, "_argparse_catalogue_resolved", False)
-    cli._resolve_argparse_catalogue()
-    assert argparse._("usage: ") == "usage: "

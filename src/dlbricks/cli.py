@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gettext
 import importlib
 import shutil
 import sys
@@ -112,33 +111,11 @@ def _command_module(name: str):  # noqa: ANN202
         raise
 
 
-_argparse_catalogue_resolved = False
 # Parsers main() has built, by command (None: the main parser). A process that runs
 # several commands (a pipeline calling main(), the tests) builds each parser once:
-# building analyze's costs more than parsing its arguments (~0.3 ms against ~0.05 ms
-# here) and parsing leaves a parser unchanged. Emptied when argparse's catalogue is
-# looked up again, since parsers hold messages translated when they were built.
+# parsing leaves a parser unchanged, and building analyze's costs more than parsing
+# its arguments.
 _parsers: dict[str | None, argparse.ArgumentParser] = {}
-
-
-def _resolve_argparse_catalogue() -> None:
-    """Make argparse translate its messages with one catalogue lookup per process.
-
-    argparse calls ``gettext.gettext`` for each message (three for every parser it
-    builds), and each call searches the disk for a catalogue again: with
-    ``LANG=C.UTF-8`` that is four ``stat`` calls and the locale parsing around them,
-    about 50 us per message here, which was half of building ``analyze``'s parser.
-    The catalogue (or the fallback that returns messages unchanged) is the same for the
-    whole run, so the CLI, which owns the process, looks it up once, exactly as
-    ``gettext.dgettext`` would, and hands argparse its ``gettext``.
-    """
-    global _argparse_catalogue_resolved
-    if _argparse_catalogue_resolved:
-        return
-    _argparse_catalogue_resolved = True
-    _parsers.clear()
-    domain = gettext.textdomain()
-    argparse._ = gettext.translation(domain, gettext.bindtextdomain(domain), fallback=True).gettext  # type: ignore[attr-defined]
 
 
 def console_main() -> int:
@@ -148,9 +125,8 @@ def console_main() -> int:
     Before the interpreter shuts down, the objects alive now are moved out of the
     cyclic garbage collector's reach (``gc.freeze``). Shutdown otherwise runs full
     collections over every object of numpy, onnx and protobuf, only for the OS to free
-    the whole heap a moment later: 95 -> 28 ms of the run after the command returns
-    (median of 10 processes, `dlbricks analyze` on the nine light models). Shutdown
-    itself is unchanged: atexit handlers run, streams are flushed, modules are torn
+    the whole heap a moment later; for a quick command that is most of the time spent
+    after it returns. Shutdown itself is unchanged: atexit handlers run, streams are flushed, modules are torn
     down; only garbage cycles that are still alive at the end are left to the OS.
     """
     try:
@@ -162,7 +138,6 @@ def console_main() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    _resolve_argparse_catalogue()
     # The first argument names the command unless it is an option (--help, --version).
     only = argv[0] if argv and argv[0] in _COMMANDS else None
     parser = _parsers.get(only)

@@ -17,7 +17,7 @@ robust to other processes sharing the machine) and wall time (``*_wall_s``):
   * ``core_split_*``: ``Corpus.split(3)`` on a fresh Corpus: per model topological
     order, split at G=3, sequence digests, then corpus-wide dedup of layers and
     sequences. ``layers_per_s`` = layers / median CPU time of this.
-  * ``python_*``: bench/pycore.py doing the same on Python lists, one run (the
+  * ``python_*``: tests/reference.py doing the same on Python lists, one run (the
     numpy->list conversion, ``python_convert_cpu_s``, is excluded). At a size where the
     per-layer time of the previous size predicts more than 120 s it is extrapolated.
 Both implementations must give identical unique-sequence digests, ids and members.
@@ -66,8 +66,9 @@ import numpy as np
 
 import dlbricks
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pycore  # noqa: E402
+# The pure-Python reference lives with the tests, which check the core against it.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import reference as pycore  # noqa: E402
 
 SCHEMA_VERSION = 1
 G = 3

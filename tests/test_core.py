@@ -8,7 +8,6 @@ rules; the core must agree with them exactly.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import re
 import struct
 import subprocess
@@ -25,8 +24,10 @@ from hypothesis import strategies as st
 import dlbricks
 from dlbricks import Corpus, Graph, _core, critical_path, sequence_graph, split, topo_order
 
+import reference  # tests/reference.py: the pure-Python core
+
 SETTINGS = settings(deadline=None, max_examples=40)
-FORM_VERSION = 2  # the canonical form that ref_sequence_digest lays out
+FORM_VERSION = reference.SEQUENCE_DIGEST_VERSION  # the canonical form that ref_sequence_digest lays out
 
 
 # -- builders and references ------------------------------------------------------------
@@ -107,24 +108,8 @@ def on_a_cycle(g: Graph, v: int) -> bool:
 
 
 def ref_topo(n: int, src: list[int], dst: list[int]) -> list[int]:
-    """Kahn's algorithm, smallest ready index first."""
-    indegree = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for s, d in zip(src, dst):
-        indegree[d] += 1
-        succ[s].append(d)
-    ready = [v for v in range(n) if indegree[v] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        v = heapq.heappop(ready)
-        order.append(v)
-        for w in succ[v]:
-            indegree[w] -= 1
-            if indegree[w] == 0:
-                heapq.heappush(ready, w)
-    assert len(order) == n
-    return order
+    """Kahn's algorithm, smallest ready index first (tests/reference.py)."""
+    return reference.topo_order(n, src, dst)
 
 
 def weakly_connected(nodes: list[int], g: Graph) -> bool:
@@ -143,46 +128,21 @@ def weakly_connected(nodes: list[int], g: Graph) -> bool:
     return len(seen) == len(nodes)
 
 
+def _ref_inputs(g: Graph) -> list[list[tuple[int, int, int]]]:
+    src, src_slot, dst, dst_slot = (list(c) for c in zip(*edge_list(g))) if len(g.edge_src) else ([], [], [], [])
+    return reference.in_edges(g.n_layers, src, src_slot, dst, dst_slot)
+
+
 def ref_split(g: Graph, G: int) -> list[list[int]]:
     """The rule: take the next min(G, left) layers if connected, else the first alone."""
-    order = ref_topo(g.n_layers, g.edge_src.tolist(), g.edge_dst.tolist())
-    out, i = [], 0
-    while i < len(order):
-        window = order[i : i + G]
-        if not weakly_connected(window, g):
-            window = window[:1]
-        out.append(window)
-        i += len(window)
-    return out
+    src, src_slot, dst, dst_slot = (list(c) for c in zip(*edge_list(g))) if len(g.edge_src) else ([], [], [], [])
+    offsets, members, _ = reference.split_sequences([bytes(d) for d in g.digests], src, dst, src_slot, dst_slot, G)
+    return [members[a:b] for a, b in zip(offsets, offsets[1:])]
 
 
 def ref_sequence_digest(g: Graph, members: list[int]) -> bytes:
-    """Canonical form v2 (docs/core.md), laid out byte by byte."""
-    local = {v: i for i, v in enumerate(members)}
-    inputs: dict[int, list[tuple[int, int, int]]] = {v: [] for v in members}
-    for s, ss, d, ds in edge_list(g):
-        if d in local:
-            inputs[d].append((ds, s, ss))
-    internal, external = [], []
-    for i, v in enumerate(members):
-        for ds, s, ss in sorted(inputs[v]):
-            if s in local:
-                internal.append(struct.pack("<4I", local[s], ss, i, ds))
-            else:
-                external.append((i, ds, (s, ss)))
-    # Only external inputs that share their tensor with another one are hashed.
-    readers = Counter(tensor for _, _, tensor in external)
-    shared_ids: dict[tuple[int, int], int] = {}
-    shared = [
-        struct.pack("<3I", i, ds, shared_ids.setdefault(tensor, len(shared_ids)))
-        for i, ds, tensor in external
-        if readers[tensor] > 1
-    ]
-    data = b"DLBSEQ\0\0" + struct.pack("<II", FORM_VERSION, len(members))
-    data += b"".join(bytes(g.digests[v]) for v in members)
-    data += struct.pack("<I", len(internal)) + b"".join(internal)
-    data += struct.pack("<I", len(shared)) + b"".join(shared)
-    return hashlib.blake2b(data, digest_size=16).digest()
+    """Canonical form v2 (docs/core.md), laid out byte by byte by tests/reference.py."""
+    return reference.sequence_digest(members, [bytes(d) for d in g.digests], _ref_inputs(g))
 
 
 def relabel(g: Graph, new_of_old: list[int]) -> Graph:

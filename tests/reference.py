@@ -2,9 +2,10 @@
 sequence digests (canonical form v2, byte for byte as cpp/src/graph.cpp) and
 corpus dedup.
 
-It exists to be compared against: ``bench/core.py`` times it next to the core and
-checks that both give identical sequence digests. It is written the obvious way
-(lists, dicts, heapq, hashlib) and takes plain Python lists, not numpy arrays.
+The one reference implementation: ``tests/test_core.py`` checks the core against it,
+and ``bench/core.py`` times it next to the core and checks that both give identical
+sequence digests. It is written the obvious way (lists, dicts, heapq, hashlib) and
+takes plain Python lists, not numpy arrays.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ SEQUENCE_DIGEST_VERSION = 2
 _MAGIC = b"DLBSEQ\0\0"
 
 
-def _in_edges(
+def in_edges(
     n: int, src: Sequence[int], src_slot: Sequence[int], dst: Sequence[int], dst_slot: Sequence[int]
 ) -> list[list[tuple[int, int, int]]]:
     """Per node, its inputs as (dst_slot, src, src_slot), sorted like the core sorts them."""
@@ -142,7 +143,7 @@ def split_sequences(
         raise ValueError(f"G must be at least 1, got {G}")
     n = len(digests)
     zeros = [0] * len(src)
-    inputs = _in_edges(
+    inputs = in_edges(
         n, src, src_slot if src_slot is not None else zeros, dst, dst_slot if dst_slot is not None else zeros
     )
     order = topo_order(n, src, dst)

@@ -16,31 +16,24 @@ import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.errors import DlbricksError
 from dlbricks.evaluation import evaluate
 from dlbricks.model import Model, ModelLike, layer_kinds
 from dlbricks.progress import Progress
+from dlbricks.timing.engine import EngineItem, Group, measure
+from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.versions import brick_digest_version, model_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import Store
-    from dlbricks.timing import Failure, Measurement
     from dlbricks.timing.config import RunnerConfig
-    from dlbricks.timing.workers import Job
 
 __all__ = ["BenchSummary", "WorkItem", "bench", "evaluate", "missing_work", "plan_work", "unique_bricks",
-           "write_whole_model"]
-
-#: What the job loop reports for each job: the job and its measurement or failure.
-OnResult = Callable[["Job", "Measurement | Failure"], None]
-#: Turns work items into jobs, lazily (a brick is generated just before it is timed).
-JobStream = Callable[[Sequence["WorkItem"]], Iterator["Job"]]
-
+           "precision_groups", "write_whole_model"]
 
 @dataclass(slots=True)
 class BenchSummary:
@@ -199,9 +192,7 @@ def bench(
     Returns:
         a :class:`BenchSummary`.
     """
-    from dlbricks.bricks import whole_model, write_brick
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
-    from dlbricks.timing.workers import Job
 
     start = time.perf_counter()
     fingerprint = system_fingerprint()
@@ -224,77 +215,89 @@ def bench(
     with tmp_ctx as wd, Progress(progress, "benchmarking") as bar:
         out = Path(wd)
         bar.set_total(len(todo))
-        gen_time = [0.0]
-        jobs_meta: dict[str, tuple[str, str]] = {}
+        engine_items = [_engine_item(w, out, brick_dirs, seed) for w in todo]
+        kinds = {f"{w.kind}:{w.digest}": (w.kind, w.digest) for w in todo}
+        done = [0]
 
-        def job_stream(work: Sequence[WorkItem]) -> Iterator[Job]:
-            # Generated lazily, between timings: the parent stays idle while a brick runs.
-            for w in work:
-                kind, d, model, members, G = w.kind, w.digest, w.model, w.members, w.G
-                t0 = time.perf_counter()
-                path = out / kind / f"{d}.onnx"
-                if kind == "brick":
-                    path = next((Path(b) / f"{d}.onnx" for b in brick_dirs if (Path(b) / f"{d}.onnx").exists()), path)
-                try:
-                    if not path.exists():
-                        if kind == "brick":
-                            assert members is not None
-                            _, info = write_brick(model, members, path, seed=seed, digest=d, G=G)
-                        else:
-                            proto, info = whole_model(model, seed=seed)
-                            write_whole_model(proto, path)
-                        bounds = info.int_bounds
-                    else:
-                        bounds = None
-                except DlbricksError as exc:
-                    _record_failure(kind, d, str(exc))
-                    continue
-                finally:
-                    gen_time[0] += time.perf_counter() - t0
-                jobs_meta[f"{kind}:{d}"] = (kind, d)
-                yield Job(id=f"{kind}:{d}", path=str(path), int_bounds=bounds or None, seed=seed)
-
-        def _record_failure(kind: str, d: str, error: str) -> None:
-            from dlbricks.timing import Failure
-
-            store.put_result(kind, d, bver if kind == "brick" else mver, system_id, config_key, Failure(error))
-            _count(kind, ok=False, error=error, digest=d)
-
-        def _count(kind: str, *, ok: bool, error: str = "", digest: str = "") -> None:
-            if kind == "brick":
-                if ok:
-                    summary.bricks_measured += 1
-                else:
-                    summary.bricks_failed += 1
-            else:
-                if ok:
-                    summary.models_measured += 1
-                else:
-                    summary.models_failed += 1
-            if not ok:
-                summary.failures.append({"kind": kind, "digest": digest, "error": error})
-                if on_event is not None:
-                    on_event(f"{kind} {digest[:12]} failed: {error}")
-            bar.advance()
-
-        def on_result(job: Job, result: Measurement | Failure) -> None:
-            from dlbricks.timing import Measurement
-
-            kind, d = jobs_meta.pop(job.id)
+        def on_result(item: EngineItem, result: Measurement | Failure) -> None:
+            kind, d = kinds[item.id]
             store.put_result(kind, d, bver if kind == "brick" else mver, system_id, config_key, result)
             ok = isinstance(result, Measurement)
-            _count(kind, ok=ok, error="" if ok else getattr(result, "error", "failed"), digest=d)
-            # Bricks this run generated are no longer needed once measured.
-            if Path(job.path).parent.parent != out:
-                return
-            with contextlib.suppress(OSError):
-                Path(job.path).unlink()
-                Path(job.path + ".data").unlink(missing_ok=True)
+            if kind == "brick":
+                summary.bricks_measured += ok
+                summary.bricks_failed += not ok
+            else:
+                summary.models_measured += ok
+                summary.models_failed += not ok
+            if not ok:
+                error = getattr(result, "error", "failed")
+                summary.failures.append({"kind": kind, "digest": d, "error": error})
+                if on_event is not None:
+                    on_event(f"{kind} {d[:12]} failed: {error}")
+            done[0] += 1
+            bar.advance()
+            # Files this run wrote (bricks too large to pass as bytes, whole models
+            # with external weights) are not needed once measured.
+            for path in (out / kind / f"{d}.onnx", out / kind / f"{d}.onnx.data"):
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
-        _run_jobs(todo, job_stream, config, on_result, jobs)
-        summary.generate_s = gen_time[0]
+        measure(engine_items, precision_groups(models, Gs, todo), config, on_result=on_result, jobs=jobs)
+        summary.generate_s = sum(it.prep_s for it in engine_items)
     summary.wall_s = time.perf_counter() - start
     return summary
+
+
+#: Serialized models above this size go to the worker as files (protobuf's 2 GiB
+#: limit, with room for the worker's own copy).
+_BYTES_LIMIT = 1 << 30
+
+
+def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed: int) -> EngineItem:
+    """A work item as the engine's item: generated when its session is opened, and
+    handed over as bytes (no file written and read back) unless it is too large."""
+    from dlbricks.bricks import generate_brick, whole_model
+
+    def source() -> tuple[bytes | str, dict[str, int] | None]:
+        if w.kind == "brick":
+            for b in brick_dirs:
+                if (Path(b) / f"{w.digest}.onnx").exists():
+                    return str(Path(b) / f"{w.digest}.onnx"), None
+            assert w.members is not None
+            proto, info = generate_brick(w.model, w.members, seed=seed, digest=w.digest, G=w.G)
+        else:
+            proto, info = whole_model(w.model, seed=seed)
+        bounds = dict(info.int_bounds) or None
+        if proto.ByteSize() < _BYTES_LIMIT:
+            return proto.SerializeToString(), bounds
+        path = out / w.kind / f"{w.digest}.onnx"
+        write_whole_model(proto, path)
+        return str(path), bounds
+
+    label = f"{w.kind} {w.digest[:12]}" if w.kind == "brick" else f"model {getattr(w.model, 'name', w.digest[:12])}"
+    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label)
+
+
+def precision_groups(models: Sequence[ModelLike], Gs: Sequence[int], todo: Sequence[WorkItem]) -> list[Group]:
+    """What the engine's precision is stated for: each model's latency reconstructed at
+    each G (its bricks weighted by occurrences), restricted to the bricks being
+    measured (already-stored bricks are what they are). Whole models are their own
+    groups (the engine makes a group of every item no group names)."""
+    wanted = {w.digest for w in todo if w.kind == "brick"}
+    if not wanted:
+        return []
+    corpus = Corpus(models)
+    groups = []
+    for G in Gs:
+        sp = corpus.split(G)
+        ids = [f"brick:{bytes(d).hex()}" for d in sp.unique_digests]
+        keep = np.array([bytes(d).hex() in wanted for d in sp.unique_digests], dtype=bool)
+        occ = sp.occurrences()
+        for i, m in enumerate(models):
+            cols = np.nonzero((occ[i] > 0) & keep)[0]
+            if cols.size:
+                groups.append(Group(f"{m.name} G={G}", {ids[u]: float(occ[i, u]) for u in cols}))
+    return groups
 
 
 def write_whole_model(proto: object, path: Path) -> None:
@@ -307,43 +310,3 @@ def write_whole_model(proto: object, path: Path) -> None:
     onnx.save_model(proto, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=1024)
     os.replace(tmp, path)
-
-
-def _run_jobs(todo: Sequence[WorkItem], job_stream: JobStream, config: RunnerConfig, on_result: OnResult,
-              jobs: int) -> None:
-    """Run the job stream on ``jobs`` isolated workers, each pinned to its own core(s)."""
-    from dataclasses import replace
-
-    from dlbricks.timing.workers import run_isolated
-
-    if jobs <= 1 or len(todo) <= 1:
-        run_isolated(job_stream(todo), config, on_result=on_result)
-        return
-    import threading
-
-    cores = list(config.cores) if config.cores else list(range(jobs * max(1, config.intra_op_threads)))
-    per = max(1, config.intra_op_threads)
-    if len(cores) < jobs * per:
-        raise DlbricksError(f"--jobs {jobs} needs {jobs * per} cores to pin to, got {len(cores)}")
-    shards = [todo[i::jobs] for i in range(jobs)]
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def locked(job: Job, result: Measurement | Failure) -> None:
-        with lock:
-            on_result(job, result)
-
-    def worker(i: int) -> None:
-        cfg = replace(config, cores=tuple(cores[i * per : (i + 1) * per]))
-        try:
-            run_isolated(job_stream(shards[i]), cfg, on_result=locked)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]

@@ -19,7 +19,7 @@ from dlbricks.versions import brick_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.model import ModelLike
-    from dlbricks.store import Store
+    from dlbricks.store import ResultRecord, Store
 
 __all__ = ["MissingResults", "Prediction", "bootstrap_medians", "geomean", "predict", "reconstruct"]
 
@@ -78,6 +78,24 @@ def bootstrap_medians(times_ns: np.ndarray, n_boot: int, rng: np.random.Generato
     return t[np.clip(ranks, 0, n - 1)]
 
 
+def result_replicates(rec: ResultRecord, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_boot`` replicates of a stored result's latency estimate (nanoseconds).
+
+    Results of the measurement engine carry the standard error of their estimate from
+    the spread between rounds (drift included): replicates are the estimate plus that
+    error times Student-t draws with (rounds - 1) degrees of freedom, the sampling
+    distribution of a mean of few rounds. Older results, one contiguous run each, are
+    bootstrapped from their iteration times (:func:`bootstrap_medians`).
+    """
+    meta = rec.meta or {}
+    rounds = int(meta.get("rounds", 0))
+    se = float(meta.get("median_se_ns", 0.0))
+    if rounds >= 2 and se > 0:
+        return float(rec.median_ns or 0.0) + se * rng.standard_t(rounds - 1, size=n_boot)
+    assert rec.times_ns is not None
+    return bootstrap_medians(rec.times_ns, n_boot, rng)
+
+
 def predict(
     models: Sequence[ModelLike],
     G: int,
@@ -114,7 +132,7 @@ def predict(
         raise MissingResults(missing, G)
     rng = np.random.default_rng(seed)
     medians = np.array([records[d].median_ns for d in digests], dtype=np.float64)
-    boots = np.stack([bootstrap_medians(records[d].times_ns, n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
+    boots = np.stack([result_replicates(records[d], n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
     out: list[list[Prediction]] = []
     for i, model in enumerate(models):
         seq_ids = sp.model_seq_ids(i)

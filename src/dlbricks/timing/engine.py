@@ -66,9 +66,10 @@ class EngineItem:
 
     Attributes:
         id: unique key (e.g. ``"brick:<digest>"``).
-        source: serialized model bytes or a path, or a callable returning one (called
-            when the session is opened, and again if its worker has to be replaced,
-            so generated bricks need not all be held in memory).
+        source: serialized model bytes or a path, or a callable returning one, or
+            ``(source, int_bounds)`` (called when the session is opened, and again if
+            its worker has to be replaced, so generated bricks need not all be held
+            in memory).
         int_bounds: exclusive bounds for integer inputs.
         seed: the input seed.
         warm: time it as a warm loop whatever ``config.cache_state`` says (whole
@@ -453,7 +454,9 @@ class _Engine:
         it = track.item
         t0 = time.perf_counter()
         try:
-            source = it.source() if callable(it.source) else it.source
+            prepared = it.source() if callable(it.source) else it.source
+            # A callable may also say the integer-input bounds it found while generating.
+            source, bounds = prepared if isinstance(prepared, tuple) else (prepared, it.int_bounds)
         except DlbricksError as exc:
             self.fail(track, "error", str(exc), time.perf_counter() - t0)
             return False
@@ -461,8 +464,8 @@ class _Engine:
         if callable(it.source):
             it.prep_s += gen_s
         wk = self.worker(track.worker)
-        wk.send(("open", it.id, source, dict(it.int_bounds) if it.int_bounds else None, it.seed))
-        del source
+        wk.send(("open", it.id, source, dict(bounds) if bounds else None, it.seed))
+        del source, prepared
         try:
             msg = wk.reply(self.config.timeout_s, f"opening {it.label or it.id}")
         except WorkerDied as exc:

@@ -7,8 +7,11 @@ then compares each model's latency rebuilt from its bricks
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
 
 from dlbricks.corpus import Corpus
 from dlbricks.errors import DlbricksError
@@ -114,21 +117,29 @@ def evaluate(
     for G in Gs:
         per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key,
                             n_boot=n_boot, seed=seed, corpus=corpus, names=names)
-        norm_seq, norm_par = [], []
+        norm_seq, norm_par, pred_seq = [], [], []
         for i, preds in enumerate(per_model):
             e = e2e_s[i]
+            e_rel = _relative_halfwidth(e2e[i])
             entry = rows[i]["per_g"].setdefault(str(G), {"e2e_s": e})
             for p in preds:
+                n = p.latency_s / e
+                # The ratio's interval carries both uncertainties (independent errors
+                # add in quadrature on the relative scale).
+                lo_rel = math.hypot(1 - p.ci_low_s / p.latency_s, e_rel) if p.latency_s > 0 else math.inf
+                hi_rel = math.hypot(p.ci_high_s / p.latency_s - 1, e_rel) if p.latency_s > 0 else math.inf
                 entry[p.mode] = {
                     "latency_s": p.latency_s,
                     "ci_low_s": p.ci_low_s,
                     "ci_high_s": p.ci_high_s,
-                    "normalized": p.latency_s / e,
-                    "normalized_ci": [p.ci_low_s / e, p.ci_high_s / e],
+                    "normalized": n,
+                    "normalized_ci": [n * max(0.0, 1 - lo_rel), n * (1 + hi_rel)],
                 }
                 entry["bricks"] = p.bricks
                 entry["unique_bricks"] = p.unique_bricks
                 (norm_seq if p.mode == "sequential" else norm_par).append(p.latency_s / e)
+                if p.mode == "sequential":
+                    pred_seq.append(p.latency_s)
         sp = corpus.split(G)
         unique = [bytes(d).hex() for d in sp.unique_digests]
         recs = [store.get_result("brick", d, bver, system_id, config_key) for d in unique]
@@ -154,6 +165,7 @@ def evaluate(
                 "unique_bricks": len(unique),
                 "bricks": sp.n_sequences,
                 "geomean_normalized": geomean(norm_seq),
+                **accuracy_metrics(norm_seq, e2e_s, pred_seq),
                 "min_normalized": float(min(norm_seq)),
                 "max_normalized": float(max(norm_seq)),
                 "geomean_normalized_parallel": geomean(norm_par),
@@ -182,6 +194,39 @@ def evaluate(
         "models": rows,
         "bricks": bricks_out,
     }
+
+
+def accuracy_metrics(normalized: Sequence[float], measured: Sequence[float] | None = None,
+                     predicted: Sequence[float] | None = None) -> dict[str, float]:
+    """Per-model accuracy as the field reports it, from normalized latencies
+    (predicted / measured): the share of models within +/-5% and +/-10%, the root mean
+    square percentage error and, given the latencies themselves, Spearman's rank
+    correlation of predicted against measured (NaN for fewer than three models)."""
+    x = np.asarray(normalized, dtype=np.float64)
+    if x.size == 0:
+        return {"within_5pct": math.nan, "within_10pct": math.nan, "rmspe": math.nan, "spearman": math.nan}
+    err = x - 1.0
+    out = {
+        "within_5pct": float(np.mean(np.abs(err) <= 0.05)),
+        "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
+        "rmspe": float(np.sqrt(np.mean(err**2))),
+        "spearman": math.nan,
+    }
+    if measured is not None and predicted is not None and len(measured) >= 3:
+        from scipy.stats import spearmanr
+
+        rho = spearmanr(np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64))[0]
+        out["spearman"] = float(rho)
+    return out
+
+
+def _relative_halfwidth(rec: Any) -> float:
+    """The larger side of a stored result's interval, relative to its median."""
+    s = rec.stats or {}
+    m = float(s.get("median", 0.0))
+    if m <= 0:
+        return math.inf
+    return max(m - float(s.get("ci_low", m)), float(s.get("ci_high", m)) - m) / m
 
 
 def _wall_s(rec: object) -> float:

@@ -19,18 +19,12 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import light
 from dlbricks.cli import main
 from dlbricks.errors import DlbricksError, UsageError
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 from dlbricks.profiling.perfevents import EVENTS, CounterSet, PerfUnavailable, derived_metrics, probe
-from dlbricks.profiling.xsp import (
-    LEVELS,
-    OrtNode,
-    ProfileOptions,
-    join_layers,
-    parse_levels,
-    parse_ort_profile,
-    profile_model,
-    render_profile,
-)
+from dlbricks.profiling import ProfileOptions, parse_levels, profile_model, render_profile
+from dlbricks.profiling.join import join_layers
+from dlbricks.profiling.options import LEVELS
+from dlbricks.profiling.ort_profile import OrtNode, parse_ort_profile
 from dlbricks.timing import RunnerConfig
 from dlbricks.profiling.tracing import OtelConfig, Recorder, validate_chrome_trace
 
@@ -285,8 +279,8 @@ def test_profile_hw_level_counts_or_says_why_in_one_line(full_profile):
 
 @pytest.mark.parametrize("hardware", [True, False])
 def test_hw_notice_is_one_line_only_when_the_pmu_is_missing(monkeypatch, hardware):
+    import dlbricks.profiling.hw as hw_mod
     import dlbricks.profiling.perfevents as pe
-    import dlbricks.profiling.xsp as prof
 
     def fake_probe(events):
         return {e: None if hardware or e in pe.SOFTWARE_EVENTS else "EACCES: not permitted" for e in events}
@@ -297,12 +291,12 @@ def test_hw_notice_is_one_line_only_when_the_pmu_is_missing(monkeypatch, hardwar
         return {"model": {"key": "model", "error": None, "counted_us": 11.0, "uncounted_us": 10.0}}, [1]
 
     monkeypatch.setattr(pe, "probe", fake_probe)
-    monkeypatch.setattr(prof, "_run_hw_jobs", fake_jobs)
+    monkeypatch.setattr(hw_mod, "run_hw_jobs", fake_jobs)
     messages: list[str] = []
     opts = ProfileOptions(levels=("hw",), hw_bricks=False)
     rec = Recorder()
     root = rec.start("root")
-    hw = prof._hw_level(load(tiny_net()), b"", None, [], opts, rec, root, messages.append, [])
+    hw = hw_mod.hw_level(load(tiny_net()), b"", None, [], opts, rec, root, messages.append, [])
     assert hw["hardware_counters"] is hardware
     assert hw["model"]["overhead_us"] == pytest.approx(1.0) and hw["overhead_rel"] == pytest.approx(0.1)
     if hardware:

@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
         DlbricksError: the model cannot be loaded or run; OpenTelemetry output
             asked for without the SDK.
     """
-    from dlbricks.loading.onnx_io import load
-    from dlbricks.profiling.xsp import ProfileOptions, parse_levels, profile_model, render_profile
+    from dlbricks.loading import load
+    from dlbricks.profiling import ProfileOptions, parse_levels, profile_model, render_profile
     from dlbricks.timing import RunnerConfig
     from dlbricks.profiling.tracing import OtelConfig, Recorder, to_jsonable
 

@@ -1,0 +1,171 @@
+"""The text summary of a profile: levels and overheads, the reconciliation, the top
+kernels and the per-op-type totals."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+__all__ = ["fmt_pct", "fmt_us", "render_profile"]
+
+
+def fmt_us(us: float | None) -> str:
+    """Microseconds in the largest unit that keeps them readable (``-`` when unknown)."""
+    if us is None or not math.isfinite(us):
+        return "-"
+    if abs(us) >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    if abs(us) >= 1e3:
+        return f"{us / 1e3:.3g} ms"
+    return f"{us:.3g} us"
+
+
+def fmt_pct(x: float | None) -> str:
+    """A signed percentage (``-`` when unknown)."""
+    return "-" if x is None or not math.isfinite(x) else f"{x:+.1%}"
+
+
+def render_profile(result: Mapping[str, Any], *, top: int = 15) -> str:
+    """The text summary: levels and overheads, the reconciliation, top kernels by
+    corrected time (with in-model against isolated brick time and counters),
+    per-op-type totals."""
+    lines: list[str] = []
+    m = result["model"]
+    ctx = result["context"]
+    lines.append(
+        f"dlbricks profile: {m['name']} ({m['layers']} layers; onnxruntime {ctx['onnxruntime']}, "
+        f"intra-op threads {ctx['intra_op_threads']})"
+    )
+    ml, ll, hw = result.get("model_level"), result.get("layer_level"), result.get("hw_level")
+    lines.append("")
+    lines.append("levels (each measured in its own run)")
+    if ml:
+        lines.append(
+            f"  model  latency {fmt_us(ml['latency_us'])} (median of {ml['n']}, 95% CI "
+            f"{fmt_us(ml['ci_low_us'])}..{fmt_us(ml['ci_high_us'])}), profiling off"
+        )
+    if ll:
+        cal = ll.get("instrumentation") or {}
+        lines.append(
+            f"  layer  profiled run {fmt_us(ll['profiled_wall_us'])}: overhead {fmt_us(ll['overhead_us'])} "
+            f"({fmt_pct(ll['overhead_rel'])}) vs {ll['reference']}; same session unprofiled "
+            f"{fmt_us(ll['unprofiled_same_session_us'])} (profiler {fmt_us(ll['overhead_per_kernel_us'])}/kernel)"
+        )
+        if cal:
+            lines.append(
+                f"         profiler cost per kernel (calibrated): {cal['in_span_us']:.1f} us inside the span, "
+                f"{cal['out_span_us']:.1f} us between spans (profiler cost {fmt_us(ll['profiler_cost_us'])} per run)"
+            )
+    if hw:
+        if hw.get("message"):
+            lines.append(f"  hw     {hw['message']}")
+        mo = hw.get("model") or {}
+        if mo.get("counted_us") is not None:
+            lines.append(
+                f"  hw     counters {', '.join(hw['events']) or 'none'}: whole model {fmt_us(mo['counted_us'])} "
+                f"counted vs {fmt_us(mo['uncounted_us'])} not (overhead {fmt_us(mo['overhead_us'])}, "
+                f"{fmt_pct(hw.get('overhead_rel'))}); {hw['bricks']} bricks, {hw['failed']} failed"
+            )
+    if ll:
+        ref = ll["reference_us"]
+        lines.append("")
+        lines.append(f"reconciliation against {ll['reference']} {fmt_us(ref)}")
+        lines.append(f"  sum of raw kernel times       {fmt_us(ll['raw_sum_us']):>10}  ({fmt_pct(ll['error_before'])})")
+        lines.append(f"  sum of corrected layer times  {fmt_us(ll['corrected_sum_us']):>10}  ({fmt_pct(ll['error_after'])})")
+        lines.append(
+            f"  framework overhead            {fmt_us(ll['framework_overhead_us']):>10}  "
+            f"({fmt_pct(ll['framework_overhead_rel'])}: time between kernels less the profiler's share, "
+            f"and the call into onnxruntime)"
+        )
+        lines.append(
+            f"  scale to the reference {ll['scale']:.3f}; run-to-run variation {fmt_us(ll['run_variation_us'])} "
+            f"(median run's kernel time less the sum of per-kernel medians)"
+        )
+    kernels = list(result.get("kernels") or [])
+    if kernels and (ll or hw):
+        has_iso = any(k.get("isolated_us") is not None for k in kernels)
+        has_ipc = any((k.get("derived") or {}).get("ipc") is not None for k in kernels)
+        lines.append("")
+        lines.append(f"top {min(top, len(kernels))} layers by {'corrected' if ll else 'isolated brick'} time")
+        hdr = f"  {'#':>3} {'layer(s)':<24} {'op':<30} {'corrected':>10} {'share':>6} {'raw':>9} {'GFLOP/s':>8}"
+        if has_iso:
+            hdr += f" {'isolated':>9} {'in/iso':>6}"
+        if has_ipc:
+            hdr += f" {'IPC':>5}"
+        hdr += "  counters"
+        lines.append(hdr)
+        def time_of(k: Mapping[str, Any]) -> float:
+            return float(k.get("corrected_us") if k.get("corrected_us") is not None else k.get("isolated_us") or 0.0)
+
+        for i, k in enumerate(sorted(kernels, key=lambda k: -time_of(k))[:top], 1):
+            names = ",".join(x["name"] for x in k["layers"]) or k["kernel"]
+            if len(names) > 24:
+                names = names[:21] + "..."
+            label = k["label"] if len(k["label"]) <= 30 else k["label"][:27] + "..."
+            row = (
+                f"  {i:>3} {names:<24} {label:<30} {fmt_us(k.get('corrected_us')):>10} "
+                f"{_fmt_share(k.get('share')):>6} {fmt_us(k.get('raw_us')):>9} "
+                f"{_fmt_num(k.get('gflops')):>8}"
+            )
+            if has_iso:
+                iso = k.get("isolated_us")
+                ratio = k.get("in_model_over_isolated")
+                row += f" {fmt_us(iso):>9} {_fmt_num(ratio):>6}"
+            if has_ipc:
+                ipc = (k.get("derived") or {}).get("ipc")
+                row += f" {_fmt_num(ipc):>5}"
+            c = k.get("counters") or {}
+            row += "  " + (", ".join(_fmt_counter(name, v) for name, v in c.items() if v is not None) or "-")
+            lines.append(row)
+        iso_pairs = [(k["corrected_us"], k["isolated_us"]) for k in kernels
+                     if k.get("isolated_us") and k.get("corrected_us") is not None]
+        if iso_pairs:
+            a = sum(p[0] for p in iso_pairs)
+            b = sum(p[1] for p in iso_pairs)
+            lines.append(
+                f"  in-model vs isolated bricks: {fmt_us(a)} in the model against {fmt_us(b)} isolated "
+                f"over {len(iso_pairs)} kernels (ratio {a / b:.2f})"
+            )
+    if result.get("op_types"):
+        lines.append("")
+        lines.append("per op type (fused layers together)")
+        for t in result["op_types"][:top]:
+            lines.append(
+                f"  {t['op_type']:<44} {t['kernels']:>4} kernels {fmt_us(t['corrected_us']):>10} "
+                f"{(t['share'] or 0):>6.1%}"
+            )
+    join = result.get("join")
+    if join:
+        lines.append("")
+        lines.append(
+            f"join: {join['kernels']} kernels ({', '.join(f'{v} {h}' for h, v in join['by_match'].items())}); "
+            f"{join['unassigned_layers']} layers without a kernel"
+        )
+    for w in result.get("warnings") or []:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_share(v: float | None) -> str:
+    return f"{v:.1%}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def _fmt_num(v: float | None) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) and math.isfinite(v) and v else "-"
+
+
+def _fmt_counter(name: str, v: float) -> str:
+    # task-clock counts nanoseconds of CPU time; the others are event counts.
+    return f"{name}={fmt_us(v / 1e3)}" if name == "task-clock" else f"{name}={_fmt_count(v)}"
+
+
+def _fmt_count(v: float) -> str:
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "-"
+    if abs(v) >= 1e9:
+        return f"{v / 1e9:.3g}G"
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    if abs(v) >= 1e3:
+        return f"{v / 1e3:.3g}k"
+    return f"{v:.3g}"

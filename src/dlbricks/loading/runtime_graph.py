@@ -14,53 +14,74 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from dlbricks.errors import ModelError
+from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.model import Model
+from dlbricks.timing.config import RunnerConfig
+from dlbricks.timing.fpenv import FloatEnv
+from dlbricks.timing.inputs import ORT_TYPES
+from dlbricks.timing.session import create_session, session_options
 
-_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+def _config(config: RunnerConfig | None, level: str | None, label: str) -> RunnerConfig:
+    cfg = config or RunnerConfig()
+    if level is None or level == cfg.graph_optimization:
+        return cfg
+    try:
+        return replace(cfg, graph_optimization=level)
+    except DlbricksError:
+        raise ModelError(f"{label}: unknown optimisation level {level!r}") from None
 
 
 def optimized_model(
     source: str | os.PathLike[str] | onnx.ModelProto,
     *,
-    level: str = "default",
+    config: RunnerConfig | None = None,
+    level: str | None = None,
     workdir: str | os.PathLike[str] | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> onnx.ModelProto:
     """The model as onnxruntime executes it on the CPU, with every value's type recorded.
 
+    The graph is optimised with the session options the runner times with
+    (:func:`dlbricks.timing.session_options`), so the graph decomposed is the graph
+    the timed sessions run.
+
     Args:
         source: an ONNX file or ModelProto.
-        level: "default" (onnxruntime's default, i.e. all), "basic", "extended", "all".
+        config: the runner configuration the bricks will be timed with (default
+            ``RunnerConfig()``).
+        level: overrides ``config.graph_optimization``: "default" (onnxruntime's
+            default, i.e. all), "disable", "basic", "extended", "all".
         workdir: where to write the optimised model (default: a temporary folder).
         input_shapes: concrete shapes for symbolic graph inputs.
 
     Returns:
         the optimised ModelProto, weights loaded, value_info filled in.
     Raises:
-        ModelError: onnxruntime cannot load or run the model (names the file).
+        ModelError: onnxruntime cannot load or run the model (names the file), or
+            ``level`` is unknown.
     """
     import onnxruntime as ort
 
     label = str(source) if not isinstance(source, onnx.ModelProto) else (source.graph.name or "<model>")
+    cfg = _config(config, level, label)
     own_tmp = None
     if workdir is None:
         own_tmp = tempfile.TemporaryDirectory(prefix="dlbricks-rt-")
         workdir = own_tmp.name
+    # onnxruntime's first session sets flush-to-zero on the calling thread and never
+    # undoes it; a loader must leave the caller's floating-point state alone.
+    fenv = FloatEnv()
     try:
         out = Path(workdir) / "optimized.onnx"
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        if level != "default":
-            if level not in _LEVELS:
-                raise ModelError(f"{label}: unknown optimisation level {level!r}")
-            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
+        so = session_options(cfg)
         so.optimized_model_filepath = str(out)
         model_arg = source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source)
         try:
@@ -68,9 +89,10 @@ def optimized_model(
         except Exception as exc:  # onnxruntime raises several unrelated types
             raise ModelError(f"{label}: onnxruntime cannot optimise the model: {_first_line(exc)}") from None
         proto = onnx.load(str(out))
-        _record_types(proto, label, input_shapes or {})
+        _record_types(proto, label, input_shapes or {}, cfg)
         return proto
     finally:
+        fenv.restore()
         if own_tmp is not None:
             own_tmp.cleanup()
 
@@ -80,10 +102,10 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _record_types(proto: onnx.ModelProto, label: str, input_shapes: dict[str, tuple[int, ...]]) -> None:
+def _record_types(
+    proto: onnx.ModelProto, label: str, input_shapes: dict[str, tuple[int, ...]], cfg: RunnerConfig
+) -> None:
     """Run the optimised model once with every intermediate exposed and store the types."""
-    import onnxruntime as ort
-
     graph = proto.graph
     initializer_names = {t.name for t in graph.initializer}
     known = {vi.name for vi in graph.input} | {vi.name for vi in graph.output} | initializer_names
@@ -94,13 +116,12 @@ def _record_types(proto: onnx.ModelProto, label: str, input_shapes: dict[str, tu
             if name and name not in known:
                 probe.graph.output.append(helper.make_empty_tensor_value_info(name))
                 known.add(name)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        session = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise ModelError(f"{label}: onnxruntime cannot load its own optimised model: {_first_line(exc)}") from None
+        # Optimising again would rewrite the graph whose types are being read.
+        session = create_session(probe, replace(cfg, graph_optimization="disable"))
+    except DlbricksError as exc:
+        cause = exc.__cause__ or exc
+        raise ModelError(f"{label}: onnxruntime cannot load its own optimised model: {_first_line(cause)}") from None
     feeds = {}
     for inp in session.get_inputs():
         if inp.name in initializer_names:
@@ -108,7 +129,12 @@ def _record_types(proto: onnx.ModelProto, label: str, input_shapes: dict[str, tu
         shape = input_shapes.get(inp.name)
         if shape is None:
             shape = tuple(d if isinstance(d, int) else 1 for d in inp.shape)
-        dtype = _ort_type_to_numpy(inp.type)
+        dtype = ORT_TYPES.get(inp.type)
+        if dtype is None:
+            raise ModelError(f"{label}: input {inp.name!r}: cannot make values of type {inp.type}")
+        # Zeros rather than make_inputs: the values only have to run, zero is a valid
+        # index for every Gather or Slice the optimised graph holds, and the session
+        # alone cannot bound random integers.
         feeds[inp.name] = np.zeros(shape, dtype=dtype)
     try:
         values = session.run(None, feeds)
@@ -122,25 +148,31 @@ def _record_types(proto: onnx.ModelProto, label: str, input_shapes: dict[str, tu
         graph.value_info.append(helper.make_tensor_value_info(meta.name, elem, list(value.shape)))
 
 
-def _ort_type_to_numpy(type_str: str) -> np.dtype:
-    inner = type_str[len("tensor(") : -1] if type_str.startswith("tensor(") else "float"
-    mapping = {"float": np.float32, "double": np.float64, "float16": np.float16, "bool": np.bool_, "string": np.object_}
-    return np.dtype(mapping.get(inner, inner))
-
-
-def runtime_models(models: "list[Model]", *, level: str = "default", input_shapes: dict | None = None) -> "list[Model]":
+def runtime_models(
+    models: list[Model],
+    *,
+    config: RunnerConfig | None = None,
+    level: str | None = None,
+    input_shapes: dict | None = None,
+) -> list[Model]:
     """Reload each model as the graph onnxruntime executes (same names, ``path`` kept).
+
+    Args:
+        models: loaded models, each with its file.
+        config, level: as for :func:`optimized_model`: pass the configuration the
+            bricks will be timed with.
+        input_shapes: concrete shapes for symbolic graph inputs.
 
     Raises:
         ModelError: a model has no path (in-memory models are optimised from their proto
             only when passed to :func:`optimized_model` directly) or fails to optimise.
     """
-    from dlbricks.loading.onnx_io import load
+    from dlbricks.loading import load
 
     out = []
     for m in models:
         if m.path is None:
             raise ModelError(f"{m.name}: --runtime-graph needs the model's file")
-        proto = optimized_model(m.path, level=level, input_shapes=input_shapes)
+        proto = optimized_model(m.path, config=config, level=level, input_shapes=input_shapes)
         out.append(load(proto, input_shapes, name=m.name))
     return out

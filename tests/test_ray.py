@@ -284,7 +284,7 @@ def _kill_when_busy(
                     # "not a dlbricks store" to a reader): look again.
                     time.sleep(0.02)
                     continue
-                busy = any(_cmdline(p).startswith("ray::_Agent.measure") for p in cluster.processes(node))
+                busy = any(_cmdline(p).startswith("ray::TimingAgent.measure") for p in cluster.processes(node))
                 if len(rows) >= results and busy:
                     before.update(rows)
                     cluster.kill(node)

@@ -1,0 +1,348 @@
+"""The driver of a Ray benchmark: one queue of missing bricks per system kind, at most
+one brick in flight per agent, results committed as they arrive, lost bricks retried."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from dlbricks.distributed.agent import TimingAgent
+from dlbricks.distributed.cluster import TIMING_RESOURCE, check_versions, ray_module
+from dlbricks.distributed.sketches import ModelSketch
+from dlbricks.errors import DlbricksError, UsageError
+from dlbricks.pipeline import BenchSummary
+
+
+@dataclass(slots=True)
+class RayBenchSummary(BenchSummary):
+    """What one distributed benchmarking pass did.
+
+    The counters have the meaning of :class:`dlbricks.pipeline.BenchSummary`, summed
+    over system kinds (each kind measures what it misses); ``systems`` splits them by
+    kind, ``nodes`` lists the agents, ``retries`` counts bricks put back after their
+    node was lost, ``lost`` bricks recorded ``not measured``.
+    """
+
+    systems: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    nodes_lost: int = 0
+    retries: int = 0
+    lost: int = 0
+
+
+@dataclass(slots=True)
+class _Item:
+    kind: str
+    digest: str
+    version: int
+    payload: dict[str, Any]
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class _AgentState:
+    node_id: str
+    actor: Any
+    system_id: str | None = None
+    info: dict[str, Any] | None = None
+    item: _Item | None = None
+    measured: int = 0
+    failed: int = 0
+    lost: bool = False
+    created: float = field(default_factory=time.monotonic)
+
+
+def _matches(node: Mapping[str, Any], resources: Mapping[str, float], labels: Mapping[str, str]) -> bool:
+    have = node.get("Resources") or {}
+    if have.get(TIMING_RESOURCE, 0) < 1:
+        return False
+    if any(have.get(k, 0) < v for k, v in resources.items()):
+        return False
+    node_labels = node.get("Labels") or {}
+    return all(node_labels.get(k) == v for k, v in labels.items())
+
+
+def bench_on_ray(
+    models: Sequence[ModelSketch],
+    Gs: Sequence[int],
+    *,
+    store: Any,
+    config: Any,
+    force: bool = False,
+    e2e: bool = False,
+    bricks: bool = True,
+    seed: int = 0,
+    retry_failed: bool = True,
+    resources: Mapping[str, float] | None = None,
+    labels: Mapping[str, str] | None = None,
+    max_attempts: int = 3,
+    start_timeout_s: float = 120.0,
+    orphan_timeout_s: float = 60.0,
+    refresh_s: float = 2.0,
+    progress: bool = False,
+    on_event: Callable[[str], None] | None = None,
+) -> RayBenchSummary:
+    """Measure every unique brick (and with ``e2e`` every whole model) on a Ray fleet.
+
+    Needs a connected Ray (see :func:`connect`); the store is written here, on the
+    driver, as each result arrives. See the module docstring for the scheduling,
+    per-system and fault rules.
+
+    Args:
+        models: the corpus, as :class:`ModelSketch` (e.g. from :func:`load_corpus_ray`).
+        Gs: granularities.
+        store: the results store.
+        config: the runner configuration (its key is part of every result's key).
+        force: re-measure, on every system kind, even what the store has.
+        e2e: also time each whole model.
+        bricks: time the bricks (False: only end-to-end runs).
+        seed: seed of synthetic weights and inputs.
+        retry_failed: measure again what is stored as failed (or not measured).
+        resources: only nodes offering at least these Ray resources time; the agent
+            also requests them.
+        labels: only nodes with these Ray node labels time.
+        max_attempts: tries of one brick across lost nodes before it is recorded as
+            not measured.
+        start_timeout_s: how long an agent may take to start (e.g. while another run
+            holds its node's timing slot) before its node is left out.
+        orphan_timeout_s: how long bricks of a system kind whose nodes are all lost
+            wait for a node of that kind to join.
+        refresh_s: how often the driver looks for new nodes.
+        progress: show a progress bar on stderr.
+        on_event: called with one line per notable event (node lost, brick failed).
+
+    Returns:
+        a :class:`RayBenchSummary`.
+
+    Raises:
+        DlbricksError: no node can time (none offers the timing resource or matches
+            the targets, or no agent started within ``start_timeout_s``).
+    """
+    from dlbricks.pipeline import missing_work, plan_work
+    from dlbricks.progress import Progress
+    from dlbricks.timing import Failure, Measurement
+    from dlbricks.timing.sysinfo import fingerprint_id
+
+    ray = ray_module()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    start = time.perf_counter()
+    resources = dict(resources or {})
+    labels = dict(labels or {})
+    if max_attempts < 1:
+        raise UsageError(f"max_attempts must be at least 1, got {max_attempts}")
+    config_key = store.put_config(config)
+    summary = RayBenchSummary(system_id="", config_key=config_key)
+
+    # The work, independent of systems, and what each agent is sent for an item.
+    work = plan_work(models, Gs, store, bricks=bricks, e2e=e2e)
+    payloads: dict[tuple[str, str], dict[str, Any]] = {}
+    for w in work:
+        m = w.model
+        if not m.path:
+            raise DlbricksError("a model without a file path cannot be benchmarked on Ray (nodes load it by path)")
+        payload: dict[str, Any] = {"kind": w.kind, "digest": w.digest, "path": m.path,
+                                   "input_shapes": m.input_shapes, "G": int(w.G)}
+        if w.members is not None:
+            payload["members"] = [int(i) for i in w.members]
+            payload["expect"] = np.ascontiguousarray(m.digests[w.members]).tobytes().hex()
+        payloads[(w.kind, w.digest)] = payload
+    summary.bricks_total = sum(w.kind == "brick" for w in work)
+    if e2e:
+        summary.models_total = len(models)
+
+    queues: dict[str, collections.deque[_Item]] = {}
+    orphaned_since: dict[str, float] = {}
+    agents: dict[str, _AgentState] = {}  # by node id
+    excluded: set[str] = set()
+    pending: dict[Any, tuple[str, _AgentState]] = {}  # ObjectRef -> ("info" | "measure", agent)
+    total = [0]  # items to do, over every system kind found so far
+    agent_cls = ray.remote(TimingAgent)
+    cfg_dict = config.to_dict()
+    n_cores = len(config.cores) if config.cores is not None else 0
+
+    def event(line: str) -> None:
+        if on_event is not None:
+            on_event(line)
+
+    def count(sid: str, kind: str, key: str, n: int = 1) -> None:
+        setattr(summary, f"{kind}s_{key}", getattr(summary, f"{kind}s_{key}") + n)
+        per = summary.systems[sid]
+        per[f"{kind}s_{key}"] = per.get(f"{kind}s_{key}", 0) + n
+
+    def add_system(sid: str, fingerprint: Mapping[str, Any]) -> int:
+        store.put_system(fingerprint)
+        summary.systems[sid] = {"cpu": (fingerprint.get("cpu") or {}).get("model"), "nodes": 0}
+        items, reused = missing_work(work, store, sid, config_key, force=force, retry_failed=retry_failed)
+        for kind, n in reused.items():
+            count(sid, kind, "reused", n)
+        queues[sid] = collections.deque(_Item(w.kind, w.digest, w.version, payloads[(w.kind, w.digest)]) for w in items)
+        return len(items)
+
+    def discover() -> None:
+        for node in ray.nodes():
+            nid = node.get("NodeID")
+            if not node.get("Alive") or nid in agents or nid in excluded or not _matches(node, resources, labels):
+                continue
+            cpus = min(float(n_cores), float((node.get("Resources") or {}).get("CPU", 0)))
+            actor = agent_cls.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
+                resources={TIMING_RESOURCE: 1, **resources},
+                num_cpus=cpus,
+                max_restarts=0,
+                max_task_retries=0,
+            ).remote(cfg_dict, seed)
+            agent = _AgentState(nid, actor)
+            agents[nid] = agent
+            pending[actor.info.remote()] = ("info", agent)
+
+    def record(sid: str, item: _Item, result: Any, agent: _AgentState | None) -> None:
+        store.put_result(item.kind, item.digest, item.version, sid, config_key, result)
+        ok = isinstance(result, Measurement)
+        count(sid, item.kind, "measured" if ok else "failed")
+        if agent is not None:
+            if ok:
+                agent.measured += 1
+            else:
+                agent.failed += 1
+        if not ok:
+            summary.failures.append({"kind": item.kind, "digest": item.digest, "system_id": sid, "error": result.error})
+            event(f"{item.kind} {item.digest[:12]} on {sid} failed: {result.error}")
+        bar.advance()
+
+    def lose(agent: _AgentState, why: str) -> None:
+        agent.lost = True
+        excluded.add(agent.node_id)
+        with contextlib.suppress(Exception):
+            ray.kill(agent.actor)
+        if agent.system_id is None:  # never started: nothing was running there
+            event(f"node {agent.node_id[:12]} cannot time: {why}")
+            return
+        summary.nodes_lost += 1
+        item, agent.item = agent.item, None
+        msg = f"node {agent.node_id[:12]} lost ({why})"
+        if item is not None and agent.system_id is not None:
+            item.attempts += 1
+            if item.attempts >= max_attempts:
+                summary.lost += 1
+                record(agent.system_id, item, Failure(f"not measured: {msg}; {item.attempts} attempt(s)", "lost"), None)
+            else:
+                summary.retries += 1
+                queues[agent.system_id].appendleft(item)
+                msg += f"; {item.kind} {item.digest[:12]} put back"
+        event(msg)
+
+    def dispatch() -> None:
+        for agent in agents.values():
+            if agent.lost or agent.system_id is None or agent.item is not None:
+                continue
+            q = queues[agent.system_id]
+            if q:
+                agent.item = q.popleft()
+                pending[agent.actor.measure.remote(agent.item.payload)] = ("measure", agent)
+
+    def orphans(now: float) -> None:
+        probing = any(a.system_id is None and not a.lost for a in agents.values())
+        for sid, q in queues.items():
+            alive = any(a.system_id == sid and not a.lost for a in agents.values())
+            if not q or alive or probing:
+                orphaned_since.pop(sid, None)
+                continue
+            since = orphaned_since.setdefault(sid, now)
+            if now - since >= orphan_timeout_s:
+                event(f"no live node of system {sid}: {len(q)} item(s) not measured")
+                while q:
+                    item = q.popleft()
+                    summary.lost += 1
+                    record(sid, item, Failure(f"not measured: no live node of system {sid}", "lost"), None)
+
+    with Progress(progress, "benchmarking on ray") as bar:
+        discover()
+        if not agents:
+            raise DlbricksError(
+                f"no Ray node can time bricks: none offers the resource {TIMING_RESOURCE!r}"
+                + (f" and matches {resources or ''} {labels or ''}".rstrip() if resources or labels else "")
+                + f" (start nodes with --resources '{{\"{TIMING_RESOURCE}\": 1}}')"
+            )
+        try:
+            last_refresh = time.monotonic()
+            while True:
+                dispatch()
+                now = time.monotonic()
+                for a in agents.values():
+                    if a.system_id is None and not a.lost and now - a.created > start_timeout_s:
+                        lose(a, f"its agent did not start within {start_timeout_s:.0f} s "
+                                "(timing slot held by another run?)")
+                probing = any(a.system_id is None and not a.lost for a in agents.values())
+                busy = any(a.item is not None for a in agents.values())
+                if not probing and not busy:
+                    if not summary.systems:
+                        raise DlbricksError("no timing agent could start on any Ray node (see the warnings above)")
+                    if not any(queues.values()):
+                        break
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=refresh_s) if pending else ([], [])
+                if not pending:
+                    time.sleep(min(refresh_s, 0.2))
+                for ref in ready:
+                    what, agent = pending.pop(ref)
+                    if agent.lost:
+                        continue
+                    try:
+                        value = ray.get(ref)
+                    except ray.exceptions.RayTaskError as exc:
+                        if what == "info":
+                            lose(agent, str(exc).splitlines()[0])
+                        elif agent.item is not None and agent.system_id is not None:
+                            # The agent raised (its node is fine): this item fails, the agent goes on.
+                            item, agent.item = agent.item, None
+                            record(agent.system_id, item, Failure(f"agent error: {str(exc).splitlines()[0]}"), agent)
+                        continue
+                    except ray.exceptions.RayError as exc:
+                        lose(agent, type(exc).__name__)
+                        continue
+                    if what == "info":
+                        try:
+                            check_versions(value["versions"], f"node {agent.node_id[:12]}")
+                        except DlbricksError as exc:
+                            value["error"] = str(exc)
+                        if value.get("error"):
+                            lose(agent, value["error"])
+                            continue
+                        sid = fingerprint_id(value["fingerprint"])
+                        agent.system_id, agent.info = sid, value
+                        if sid not in summary.systems:
+                            total[0] += add_system(sid, value["fingerprint"])
+                            bar.set_total(total[0])
+                        summary.systems[sid]["nodes"] += 1
+                    else:
+                        status, payload, gen_s = value
+                        item, agent.item = agent.item, None
+                        summary.generate_s += gen_s
+                        result = Measurement.from_dict(payload) if status == "ok" else Failure.from_dict(payload)
+                        record(agent.system_id, item, result, agent)  # type: ignore[arg-type]
+                now = time.monotonic()
+                if now - last_refresh >= refresh_s:
+                    last_refresh = now
+                    discover()
+                    orphans(now)
+        finally:
+            closing = [a.actor.close.remote() for a in agents.values() if not a.lost and a.system_id is not None]
+            with contextlib.suppress(Exception):
+                ray.wait(closing, num_returns=len(closing), timeout=30)
+            for a in agents.values():
+                with contextlib.suppress(Exception):
+                    ray.kill(a.actor)
+    summary.nodes = [
+        {"node_id": a.node_id, "system_id": a.system_id, "hostname": (a.info or {}).get("hostname"),
+         "cores": (a.info or {}).get("cores"), "measured": a.measured, "failed": a.failed, "lost": a.lost}
+        for a in agents.values() if a.info is not None
+    ]
+    if summary.systems:
+        summary.system_id = next(iter(summary.systems))
+    summary.wall_s = time.perf_counter() - start
+    return summary

@@ -23,6 +23,7 @@ Results can be cached as JSON keyed by a machine fingerprint string
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -39,6 +40,10 @@ from typing import Any
 import numpy as np
 
 from dlbricks.cpuset import parse_ranges
+from dlbricks.errors import DlbricksError
+from dlbricks.timing.config import RunnerConfig
+from dlbricks.timing.fpenv import FloatEnv
+from dlbricks.timing.session import BoundSession, bind, create_session, pinned, timed_runs
 
 __all__ = [
     "CacheLevel",
@@ -206,16 +211,6 @@ def cache_levels(sys_root: str | os.PathLike[str] | None = None) -> list[CacheLe
 # measurements
 
 
-def _session(model_bytes: bytes, threads: int) -> Any:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
-
-
 def _model(op: str, inputs: Sequence[tuple[str, list[int]]], out_shape: list[int],
            initializers: Sequence[Any] = ()) -> bytes:
     from onnx import TensorProto, helper
@@ -232,43 +227,42 @@ def _model(op: str, inputs: Sequence[tuple[str, list[int]]], out_shape: list[int
     return model.SerializeToString()
 
 
-def _best_time(fn: Callable[[], object], reps: int, budget_s: float) -> float:
-    """Min over up to ``reps`` timed calls after one discarded warm-up; stops early
-    once ``budget_s`` is spent (at least two timed calls)."""
-    fn()
-    best = float("inf")
-    start = time.perf_counter()
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        t = time.perf_counter() - t0
-        best = min(best, t)
-        if i >= 1 and time.perf_counter() - start > budget_s:
-            break
-    return best
+class _Call:
+    """A two-argument call in the shape :func:`timed_runs` times a bound session
+    (``run_fn(*run_args)``), for the numpy kernels."""
+
+    def __init__(self, fn: Callable[[Any, Any], object], a: Any = None, b: Any = None):
+        self.run_fn = fn
+        self.run_args = (a, b)
 
 
-def _run_bound(sess: Any, feeds: Mapping[str, np.ndarray], out: np.ndarray) -> Callable[[], None]:
-    """A callable running ``sess`` into a preallocated ``out``: no allocation and no
-    page faults inside the timed region."""
-    io = sess.io_binding()
-    for name, arr in feeds.items():
-        io.bind_cpu_input(name, arr)
-    io.bind_output("y", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-    return lambda: sess.run_with_iobinding(io)
+def _best_time(bound: Any, reps: int, budget_s: float) -> float:
+    """Min over up to ``reps`` timed runs after one discarded warm-up; stops early
+    once ``budget_s`` is spent (at least two timed runs)."""
+    timed_runs(bound, 1)
+    start = time.perf_counter_ns()
+    times = timed_runs(bound, min(2, reps))
+    until = start + int(budget_s * 1e9)
+    while len(times) < reps and time.perf_counter_ns() < until:
+        timed_runs(bound, 1, out=times)
+    return min(times) / 1e9
 
 
-def _matmul_gflops(n: int, threads: int, reps: int, budget_s: float) -> float:
-    sess = _session(_model("MatMul", [("a", [n, n]), ("b", [n, n])], [n, n]), threads)
+def _ort(model_bytes: bytes, cfg: RunnerConfig, feeds: Mapping[str, np.ndarray]) -> BoundSession:
+    """A session created and bound as the runner's are: inputs in place, outputs
+    bound after the first runs, so a timed run allocates nothing and faults no page."""
+    return bind(create_session(model_bytes, cfg), feeds)
+
+
+def _matmul_gflops(n: int, cfg: RunnerConfig, reps: int, budget_s: float) -> float:
     rng = np.random.default_rng(0)
     a = rng.random((n, n), dtype=np.float32)
     b = rng.random((n, n), dtype=np.float32)
-    c = np.empty((n, n), np.float32)
-    t = _best_time(_run_bound(sess, {"a": a, "b": b}, c), reps, budget_s)
-    return 2.0 * n**3 / t / 1e9
+    bound = _ort(_model("MatMul", [("a", [n, n]), ("b", [n, n])], [n, n]), cfg, {"a": a, "b": b})
+    return 2.0 * n**3 / _best_time(bound, reps, budget_s) / 1e9
 
 
-def _stream(n: int, threads: int, reps: int, budget_s: float) -> dict[str, float]:
+def _stream(n: int, cfg: RunnerConfig, reps: int, budget_s: float) -> dict[str, float]:
     from onnx import numpy_helper
 
     # np.full touches every page now, so page faults stay out of the timings.
@@ -278,28 +272,25 @@ def _stream(n: int, threads: int, reps: int, budget_s: float) -> dict[str, float
     nbytes = x.nbytes
     out: dict[str, float] = {}
 
-    out["copy_gbs"] = 2 * nbytes / _best_time(lambda: np.copyto(a, x), reps, budget_s) / 1e9
+    out["copy_gbs"] = 2 * nbytes / _best_time(_Call(np.copyto, a, x), reps, budget_s) / 1e9
 
     chunk = 1 << 15  # 128 KiB of float32: the temporary stays in L2
     tmp = np.empty(chunk, np.float32)
 
-    def triad() -> None:
+    def triad(_a: Any, _b: Any) -> None:
         for i in range(0, n, chunk):
             t = tmp[: min(chunk, n - i)]
             np.multiply(y[i : i + chunk], 3.0, out=t)
             np.add(x[i : i + chunk], t, out=a[i : i + chunk])
 
-    out["triad_gbs"] = 3 * nbytes / _best_time(triad, reps, budget_s) / 1e9
+    out["triad_gbs"] = 3 * nbytes / _best_time(_Call(triad), reps, budget_s) / 1e9
 
     s = numpy_helper.from_array(np.array(3.0, np.float32), "s")
-    scale = _session(_model("Mul", [("x", [n])], [n], [s]), threads)
-    out["ort_scale_gbs"] = (
-        2 * nbytes / _best_time(_run_bound(scale, {"x": x}, a), reps, budget_s) / 1e9
-    )
-    add = _session(_model("Add", [("x", [n]), ("z", [n])], [n]), threads)
-    out["ort_add_gbs"] = (
-        3 * nbytes / _best_time(_run_bound(add, {"x": x, "z": y}, a), reps, budget_s) / 1e9
-    )
+    scale = _ort(_model("Mul", [("x", [n])], [n], [s]), cfg, {"x": x})
+    out["ort_scale_gbs"] = 2 * nbytes / _best_time(scale, reps, budget_s) / 1e9
+    del scale
+    add = _ort(_model("Add", [("x", [n]), ("z", [n])], [n]), cfg, {"x": x, "z": y})
+    out["ort_add_gbs"] = 3 * nbytes / _best_time(add, reps, budget_s) / 1e9
     return out
 
 
@@ -341,33 +332,33 @@ def measure_peaks(threads: int = 1, cores: Sequence[int] | None = None, quick: b
         raise ValueError(f"threads must be >= 1, got {threads}")
     if cores is not None and not list(cores):
         raise ValueError("cores must not be empty")
-    pinned = hasattr(os, "sched_setaffinity") and cores is not None
-    previous = os.sched_getaffinity(0) if pinned else None
-    if pinned:
+    # The runner's session options at ``threads`` intra-op threads. The cores are
+    # not in the configuration: the whole process is pinned to them instead, and
+    # onnxruntime's pool threads inherit that mask.
+    cfg = RunnerConfig(intra_op_threads=threads)
+    with contextlib.ExitStack() as stack:
         try:
-            # onnxruntime's pool threads inherit the creating thread's affinity.
-            os.sched_setaffinity(0, list(cores))  # type: ignore[arg-type]
-        except OSError as exc:
-            raise ValueError(f"cannot pin to cores {list(cores)}: {exc}") from exc  # type: ignore[arg-type]
-    try:
+            stack.enter_context(pinned(tuple(cores) if cores is not None else None))
+        except DlbricksError as exc:
+            raise ValueError(str(exc)) from None
+        fenv = FloatEnv()
+        stack.callback(fenv.restore)
+        fenv.set_flush(cfg.denormals_as_zero)
         t0 = time.perf_counter()
         caches = cache_levels()
         sizes, reps, budget = ((128, 256, 512), 4, 0.3) if quick else ((256, 512, 1024), 20, 2.0)
-        by_size = {str(n): _matmul_gflops(n, threads, reps, budget) for n in sizes}
+        by_size = {str(n): _matmul_gflops(n, cfg, reps, budget) for n in sizes}
         usable = [c.size_bytes for c in caches if c.type != "Instruction"]
         llc = max(usable) if usable else 32 << 20
         # Four times the LLC so each array streams from DRAM; at least 64 MiB in
         # case the cache sizes are unknown or understated.
         nbytes = max(4 * llc, 64 << 20)
-        bw = _stream(nbytes // 4, threads, 3 if quick else 20, 0.5 if quick else 3.0)
+        bw = _stream(nbytes // 4, cfg, 3 if quick else 20, 0.5 if quick else 3.0)
         return Peaks(
             threads=threads, gflops=max(by_size.values()), gflops_by_size=by_size,
             stream_bytes=nbytes, caches=caches, cores=sorted(cores) if cores is not None else None,
             quick=quick, elapsed_s=time.perf_counter() - t0, context=_context(), **bw,
         )
-    finally:
-        if previous is not None:
-            os.sched_setaffinity(0, previous)
 
 
 def _cache_path(store_dir: Path, fingerprint_id: str, threads: int, cores: Sequence[int] | None) -> Path:

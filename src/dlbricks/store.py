@@ -295,8 +295,8 @@ class Store:
             self.journal_mode = str(mode)
             # NORMAL in WAL mode: a committed result survives the process being killed
             # (kill -9 loses at most the brick in flight); only a power cut can lose the
-            # last commits. FULL would add an fsync per result, 10-60 ms here, which on
-            # sub-second brick timings is a large share of the run.
+            # last commits. FULL would add an fsync per result (tens of milliseconds),
+            # a large share of a sub-second brick timing.
             self._con.execute("PRAGMA synchronous = NORMAL")
             self._con.execute("PRAGMA foreign_keys = ON")
         except BaseException:

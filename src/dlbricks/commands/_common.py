@@ -248,12 +248,11 @@ def tune_allocator_for_loading() -> None:
 
     onnx's shape inference frees thousands of small blocks per model. glibc parks them
     in fastbins and merges them all (malloc_consolidate) at the next large free or
-    allocation, which the loader makes right after inference: over the nine light
-    models `dlbricks analyze` took 45.4 ms with fastbins and 43.0 ms without, onnx's
-    own time unchanged (medians, one process, alternating). Small blocks still come
-    from glibc's per-thread cache. Only commands that do not time models call this, so
-    timings are always taken in a process with the default allocator. The extension
-    calls mallopt (0.02 ms in a fresh process; through ctypes, 0.10-0.15 ms).
+    allocation, which the loader makes right after inference, so loading pays for the
+    merge on every model. Small blocks still come from glibc's per-thread cache. Only
+    commands that do not time models call this, so timings are always taken in a
+    process with the default allocator. The extension calls mallopt, which costs less
+    than loading ctypes to do it.
     """
     global _allocator_tuned
     if _allocator_tuned:

@@ -91,7 +91,8 @@ def result_replicates(rec: ResultRecord, n_boot: int, rng: np.random.Generator) 
     rounds = int(meta.get("rounds", 0))
     se = float(meta.get("median_se_ns", 0.0))
     if rounds >= 2 and se > 0:
-        return float(rec.median_ns or 0.0) + se * rng.standard_t(rounds - 1, size=n_boot)
+        # A latency is never negative; the t tail can be, for an estimate of few rounds.
+        return np.maximum(float(rec.median_ns or 0.0) + se * rng.standard_t(rounds - 1, size=n_boot), 0.0)
     assert rec.times_ns is not None
     return bootstrap_medians(rec.times_ns, n_boot, rng)
 

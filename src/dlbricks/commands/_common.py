@@ -144,6 +144,23 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-ci", type=float, default=0.01, metavar="F",
                    help="stop once the 95%% CI of the median is within +/-F (default 0.01)")
     g.add_argument("--timeout", type=float, default=120.0, metavar="S", help="per-brick timeout (default 120)")
+    e = p.add_argument_group(
+        "measurement engine",
+        "bricks and whole models are measured in interleaved rounds until every model's latency is known "
+        "to the stated precision (the warm-up/min/max options above apply to single-model runs only)",
+    )
+    e.add_argument("--precision", type=float, default=0.02, metavar="F",
+                   help="95%% interval of each model's latency within +/-F (default 0.02)")
+    e.add_argument("--min-rounds", type=positive_int, default=5, metavar="N",
+                   help="rounds before any result is final (default 5)")
+    e.add_argument("--max-rounds", type=positive_int, default=60, metavar="N",
+                   help="stop after N rounds even if not precise enough (default 60)")
+    e.add_argument("--cache-state", choices=["warm", "cold"], default="warm",
+                   help="warm: a burst starts with a discarded run, so the timed runs find the brick cached; "
+                        "cold: every run has other sessions' runs before it, which evict its weights, and its "
+                        "inputs are read just before it (default warm)")
+    e.add_argument("--memory-budget", type=positive_int, default=0, metavar="MB",
+                   help="most memory the measured sessions may hold at once (default: half the available)")
     g.add_argument("--allow-denormals", action="store_true", help="do not flush denormals to zero")
     g.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and inputs")
 
@@ -200,6 +217,11 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> "RunnerConfig":
             target_ci=args.target_ci,
             denormals_as_zero=not args.allow_denormals,
             timeout_s=args.timeout,
+            precision=args.precision,
+            min_rounds=args.min_rounds,
+            max_rounds=max(args.max_rounds, args.min_rounds),
+            cache_state=args.cache_state,
+            memory_budget_mb=args.memory_budget,
         )
     except DlbricksError as exc:
         # RunnerConfig rejects impossible settings with a DlbricksError: the user's to

@@ -39,9 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
     p.add_argument("--json", action="store_true", help="print the evaluation as JSON instead of tables")
     add_runner_args(p)
-    # The demo must fit in minutes on two cores: shorter sampling than `bench`'s
-    # defaults, still with the adaptive stop at +/-1% of the median.
-    p.set_defaults(func=run, min_time=0.1, max_time=1.0, warmup_time=0.03, warmup=2, min_iters=5)
+    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from dlbricks.bricks import model_digest
-    from dlbricks.loading.onnx_io import load
+    from dlbricks.loading import load
 
     sources = sorted(LIGHT_DIR.glob("light_*.onnx"))
     folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dlbricks_analyze_io_"))

@@ -387,7 +387,8 @@ def analyze_split(repeat: int) -> dict:
         import onnx.reference
         import onnx.shape_inference
 
-        from dlbricks import _core, cli, onnx_io  # noqa: F401
+        from dlbricks import _core, cli  # noqa: F401
+        from dlbricks.loading import fast as onnx_io  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any failure means "not available yet"
         return {"skipped": f"dlbricks analyze is not importable: {type(exc).__name__}: {exc}"}
     paths = _light_paths(onnx)
@@ -462,7 +463,7 @@ def oneshot_child(out_dir: str) -> None:
     import onnx.shape_inference
 
     from dlbricks import analysis, cli, corpus, digest, graph  # noqa: F401
-    from dlbricks.loading import onnx_io  # noqa: F401
+    from dlbricks.loading import fast as onnx_io  # noqa: F401
     from dlbricks.commands import _common, analyze  # noqa: F401
 
     import_s = time.perf_counter() - t0

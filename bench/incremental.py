@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dlbricks.commands.demo import default_corpus_dir
 from dlbricks.corpus import Corpus
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 from dlbricks.pipeline import bench
 from dlbricks.store import Store
 from dlbricks.timing import RunnerConfig

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import onnx
 
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 from dlbricks.profiling.xsp import ProfileOptions, profile_model
 from dlbricks.timing import RunnerConfig
 from dlbricks.profiling.tracing import to_jsonable

@@ -24,7 +24,7 @@ from pathlib import Path
 import onnx
 
 from dlbricks.roofline import analysis as rl
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 from dlbricks.pipeline import bench
 from dlbricks.store import Store
 from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint

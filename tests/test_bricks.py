@@ -21,7 +21,7 @@ from dlbricks.bricks import generate_brick, generate_bricks, write_brick
 from dlbricks.corpus import Corpus
 from dlbricks.graph import split
 from dlbricks.model import Model
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 
 from conftest import light
 
@@ -116,7 +116,7 @@ def _assert_brick_matches_source(model: Model, members, reference: dict) -> int:
 _GENERATE_SCRIPT = r"""
 import json, sys
 from dlbricks.bricks import generate_bricks
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 out, paths = sys.argv[1], sys.argv[2:]
 models = [load(p) for p in paths]
 def peak():

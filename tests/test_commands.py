@@ -45,7 +45,7 @@ def _batched_model(path):
 @pytest.mark.parametrize("command", [["evaluate", "--bootstrap", "20"], ["bench", "--e2e"]])
 def test_input_shapes_reach_the_end_to_end_models_of_a_runtime_graph_run(tmp_path, command):
     from dlbricks.bricks import model_digest
-    from dlbricks.loading.onnx_io import load
+    from dlbricks.loading import load
     from dlbricks.store import Store
 
     path = tmp_path / "batched.onnx"

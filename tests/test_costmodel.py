@@ -559,7 +559,7 @@ def test_gmacs_match_published_figures_via_shape_inference(name):
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_GMACS))
 def test_gmacs_match_published_figures_via_the_loader(name):
-    from dlbricks.loading import onnx_io
+    from dlbricks import loading as onnx_io
 
     path = os.path.join(LIGHT, name)
     total = model_cost(onnx_io.load(path).layers)
@@ -568,7 +568,7 @@ def test_gmacs_match_published_figures_via_the_loader(name):
 
 
 def test_every_light_model_is_fully_covered_and_the_loader_agrees():
-    from dlbricks.loading import onnx_io
+    from dlbricks import loading as onnx_io
 
     names = sorted(f for f in os.listdir(LIGHT) if f.endswith(".onnx"))
     assert len(names) == 9

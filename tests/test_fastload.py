@@ -23,7 +23,8 @@ from onnx import numpy_helper as nh
 
 import dlbricks
 from dlbricks import _core, digest
-from dlbricks.loading import onnx_io
+from dlbricks.loading import fast as fastpath
+from dlbricks.loading import loader
 from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.model import LazyLayers
 
@@ -32,12 +33,12 @@ F = T.FLOAT
 
 
 def full_load(source, **kw):
-    saved = onnx_io._FAST_PATH
-    onnx_io._FAST_PATH = False
+    saved = loader._FAST_PATH
+    loader._FAST_PATH = False
     try:
-        return onnx_io.load(source, **kw)
+        return loader.load(source, **kw)
     finally:
-        onnx_io._FAST_PATH = saved
+        loader._FAST_PATH = saved
 
 
 def is_fast(model) -> bool:
@@ -72,9 +73,9 @@ def test_fast_and_full_loaders_agree_on_every_model_onnx_ships():
                 full = full_load(path)
             except ModelError:
                 with pytest.raises(ModelError):  # the fast path never accepts what the full one rejects
-                    onnx_io.load(path)
+                    loader.load(path)
                 continue
-            fast = onnx_io.load(path)
+            fast = loader.load(path)
         assert_same(fast, full)
         fast_count += is_fast(fast)
     assert fast_count >= 100
@@ -105,7 +106,7 @@ def test_names_that_differ_in_one_byte_anywhere_stay_apart(length):
         opset_imports=[h.make_opsetid("", 17)],
     )
     assert _core.OnnxScan(proto.SerializeToString()).fallback == ""
-    fast, full = onnx_io.load(proto), full_load(proto)
+    fast, full = loader.load(proto), full_load(proto)
     assert is_fast(fast) and fast.n_layers == len(nodes)
     assert_same(fast, full)
     if length >= 4:
@@ -114,7 +115,7 @@ def test_names_that_differ_in_one_byte_anywhere_stay_apart(length):
 
 @pytest.mark.parametrize("path", sorted((DATA / "light").glob("*.onnx")), ids=lambda p: p.stem)
 def test_the_light_models_take_the_fast_path_and_stay_lazy(path):
-    model = onnx_io.load(path)
+    model = loader.load(path)
     assert is_fast(model) and not model.layers.is_materialized
     dlbricks.Corpus([model]).stats([1, 2, 3])  # analysis needs no Layer objects
     assert not model.layers.is_materialized
@@ -125,7 +126,7 @@ def test_the_light_models_take_the_fast_path_and_stay_lazy(path):
 
 def test_a_fast_model_pickles_with_its_layers_and_reads_constant_values(tmp_path):
     path = DATA / "light" / "light_resnet50.onnx"
-    model = onnx_io.load(path)
+    model = loader.load(path)
     clone = pickle.loads(pickle.dumps(model))
     assert isinstance(clone.layers, list) and len(clone.layers) == model.n_layers
     full = full_load(path)
@@ -137,7 +138,7 @@ def test_a_fast_model_pickles_with_its_layers_and_reads_constant_values(tmp_path
 def test_layers_are_built_from_the_same_file_after_a_change_of_directory(tmp_path, monkeypatch):
     (tmp_path / "m.onnx").write_bytes((DATA / "light" / "light_squeezenet.onnx").read_bytes())
     monkeypatch.chdir(tmp_path)
-    model = onnx_io.load("m.onnx")
+    model = loader.load("m.onnx")
     assert model.path == "m.onnx"
     monkeypatch.chdir(DATA)
     assert len(list(model.layers)) == model.n_layers
@@ -146,7 +147,7 @@ def test_layers_are_built_from_the_same_file_after_a_change_of_directory(tmp_pat
 def test_a_file_rewritten_after_fast_loading_is_detected(tmp_path):
     path = tmp_path / "m.onnx"
     path.write_bytes((DATA / "light" / "light_squeezenet.onnx").read_bytes())
-    model = onnx_io.load(path)
+    model = loader.load(path)
     path.write_bytes((DATA / "light" / "light_zfnet512.onnx").read_bytes())
     with pytest.raises(DlbricksError, match="no longer match"):
         list(model.layers)
@@ -173,7 +174,7 @@ def test_value_info_in_any_order_and_for_some_outputs_only_gives_the_same_model(
     declared = [_vi("e", [1, 2]), _vi("c", [1, 2]), _vi("a", [1, 4])]
     m = _model(nodes, [_vi("x", [1, 4])], [_vi("y", [1, 2])])
     m.graph.value_info.extend(declared)
-    fast = onnx_io.load(m)
+    fast = loader.load(m)
     assert is_fast(fast) and fast.n_layers == 5
     assert_same(fast, full_load(m))
 
@@ -192,7 +193,7 @@ def test_control_flow_and_foreign_domains_use_the_full_loader():
     for proto in (m_if, m_ms):
         scan = _core.OnnxScan(proto.SerializeToString())
         assert scan.fallback
-        model = onnx_io.load(proto)
+        model = loader.load(proto)
         assert not is_fast(model)
         assert_same(model, full_load(proto))
 
@@ -201,7 +202,7 @@ def test_a_symbolic_batch_warns_once_with_the_full_loaders_text(tmp_path):
     proto = _model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 3])], [_vi("y", ["N", 3])])
     with warnings.catch_warnings(record=True) as fast_w:
         warnings.simplefilter("always")
-        fast = onnx_io.load(proto, name="m")
+        fast = loader.load(proto, name="m")
     with warnings.catch_warnings(record=True) as full_w:
         warnings.simplefilter("always")
         full = full_load(proto, name="m")
@@ -210,7 +211,7 @@ def test_a_symbolic_batch_warns_once_with_the_full_loaders_text(tmp_path):
     assert fast_w[0].filename == __file__  # points at the caller of load()
     assert_same(fast, full)
     # Given shapes go to the full loader (they may override any dim).
-    assert not is_fast(onnx_io.load(proto, {"x": [2, 3]}))
+    assert not is_fast(loader.load(proto, {"x": [2, 3]}))
 
 
 # -- the head table -------------------------------------------------------------------------
@@ -218,7 +219,7 @@ def test_a_symbolic_batch_warns_once_with_the_full_loaders_text(tmp_path):
 
 def _scan_with_heads(buf: bytes, table):
     scan = _core.OnnxScan(buf)
-    versions = [onnx_io._since_version(op, dict(scan.opsets)[""]) for _, op in scan.op_keys]
+    versions = [fastpath._since_version(op, dict(scan.opsets)[""]) for _, op in scan.op_keys]
     return scan, versions, scan.resolve_heads(buf, table, versions)
 
 
@@ -233,7 +234,7 @@ def test_heads_are_made_once_per_process_and_reused_by_later_scans(monkeypatch):
     assert "ConstantOfShape" not in asked and {"Conv", "BatchNormalization", "Relu"} <= asked
     for h_id, k, attr_bytes in missing:
         attrs = onnx.NodeProto.FromString(attr_bytes).attribute if attr_bytes else ()
-        head, outer = onnx_io.make_head("", op_names[k], attrs, versions[k])
+        head, outer = digest.make_head("", op_names[k], attrs, versions[k])
         assert not outer
         assert digest._head("", op_names[k], attrs, versions[k]) == (head, outer)  # cached == uncached
         assert digest.make_head_from_fields(op_names[k], versions[k], attr_bytes) == head  # C++ == Python
@@ -243,9 +244,9 @@ def test_heads_are_made_once_per_process_and_reused_by_later_scans(monkeypatch):
     assert missing_again == []  # every head from the table
 
     # The loader with a fresh table, then with the table it filled: the same model.
-    monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable())
-    first = onnx_io.load(path)
-    second = onnx_io.load(path)
+    monkeypatch.setattr(fastpath, "_FAST_HEADS", _core.HeadTable())
+    first = loader.load(path)
+    second = loader.load(path)
     assert is_fast(first) and is_fast(second)
     assert np.array_equal(first.digests, second.digests)
     assert_same(second, full_load(path))
@@ -271,7 +272,7 @@ def test_heads_from_fields_equal_pythons_for_every_node_onnx_ships():
         model = onnx.load(path)
         opset = {d or "": v for d, v in ((o.domain, o.version) for o in model.opset_import)}
         for node in model.graph.node:
-            version = onnx_io._since_version(node.op_type, opset.get("", 1))
+            version = fastpath._since_version(node.op_type, opset.get("", 1))
             if node.domain not in ("", "ai.onnx") or version is None:
                 continue
             fields = onnx.NodeProto(attribute=node.attribute).SerializeToString()
@@ -491,9 +492,9 @@ def test_plain_heads_are_made_in_one_call_and_the_others_are_left_to_python(monk
     _, _, missing_again = _scan_with_heads(buf, table)
     assert [m[0] for m in missing_again] == left
     # The loader makes the plain heads in C++ and the other in Python: the same model.
-    monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable())
-    fast = onnx_io.load(proto)
-    assert is_fast(fast) and len(onnx_io._FAST_HEADS) == 3
+    monkeypatch.setattr(fastpath, "_FAST_HEADS", _core.HeadTable())
+    fast = loader.load(proto)
+    assert is_fast(fast) and len(fastpath._FAST_HEADS) == 3
     assert_same(fast, full_load(proto))
 
     with pytest.raises(ValueError, match="one prefix and one defaults entry per op key"):
@@ -508,10 +509,10 @@ def test_plain_heads_are_made_in_one_call_and_the_others_are_left_to_python(monk
 
 
 def test_a_full_head_table_empties_itself_and_the_models_stay_right(monkeypatch):
-    monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable(max_entries=3))
+    monkeypatch.setattr(fastpath, "_FAST_HEADS", _core.HeadTable(max_entries=3))
     for name in ("light_squeezenet", "light_resnet50", "light_squeezenet"):
-        model = onnx_io.load(DATA / "light" / f"{name}.onnx")
-        assert is_fast(model) and len(onnx_io._FAST_HEADS) <= 3
+        model = loader.load(DATA / "light" / f"{name}.onnx")
+        assert is_fast(model) and len(fastpath._FAST_HEADS) <= 3
         assert_same(model, full_load(DATA / "light" / f"{name}.onnx"))
     # Nothing is kept that is bigger than the table's byte budget.
     tiny = _core.HeadTable(max_bytes=8)
@@ -649,9 +650,9 @@ def test_fast_and_full_loaders_agree_on_random_models(proto):
             full = full_load(proto)
         except ModelError:
             with pytest.raises(ModelError):
-                onnx_io.load(proto)
+                loader.load(proto)
             return
-        fast = onnx_io.load(proto)
+        fast = loader.load(proto)
     assert_same(fast, full)
     # Every construct above is on the fast path, except a Reshape to a Shape fold:
     # inference leaves its output unknown, and the full loader's evaluate-and-retry
@@ -697,7 +698,7 @@ def test_a_corrupted_file_is_a_one_line_model_error(tmp_path):
     path = tmp_path / "bad.onnx"
     path.write_bytes(good[: len(good) // 2])
     with pytest.raises(ModelError) as err:
-        onnx_io.load(path)
+        loader.load(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
@@ -708,7 +709,7 @@ def test_a_name_that_is_not_utf8_is_a_one_line_model_error(tmp_path):
     path = tmp_path / "bad.onnx"
     path.write_bytes(data.replace(b"Relu", b"\xff\xfeRe"))
     with pytest.raises(ModelError) as err:
-        onnx_io.load(path)
+        loader.load(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
@@ -716,7 +717,7 @@ def test_a_sketch_for_scale_out_needs_no_layer_objects():
     from dlbricks.distributed import sketch
 
     path = DATA / "light" / "light_inception_v1.onnx"
-    model = onnx_io.load(path)
+    model = loader.load(path)
     s = sketch(model)
     assert not model.layers.is_materialized
     full = full_load(path)
@@ -735,7 +736,7 @@ def test_external_weights_are_never_read_by_the_fast_path(tmp_path):
     onnx.save(proto, path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
               size_threshold=1024)
     (tmp_path / "w.bin").unlink()  # analysis must not need it
-    model = onnx_io.load(path)
+    model = loader.load(path)
     assert is_fast(model)
     assert_same(model, full_load(path))
     with pytest.raises(ModelError, match="not found"):
@@ -804,7 +805,7 @@ def test_iter_load_gives_what_load_gives_file_by_file(tmp_path, batch_models, ba
     got = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for path, model, error in onnx_io.iter_load(files, batch_models=batch_models, batch_bytes=batch_bytes):
+        for path, model, error in loader.iter_load(files, batch_models=batch_models, batch_bytes=batch_bytes):
             # A model's warnings come while it is yielded, not with the batch.
             got.append((path, model, error, [str(w.message) for w in caught]))
             caught.clear()
@@ -813,7 +814,7 @@ def test_iter_load_gives_what_load_gives_file_by_file(tmp_path, batch_models, ba
         with warnings.catch_warnings(record=True) as alone:
             warnings.simplefilter("always")
             try:
-                want, want_error = onnx_io.load(path), None
+                want, want_error = loader.load(path), None
             except ModelError as exc:
                 want, want_error = None, exc
         assert said == [str(w.message) for w in alone]
@@ -836,13 +837,13 @@ def test_iter_load_unmaps_its_files_also_when_interrupted(tmp_path, monkeypatch)
             return big in f.read()
 
     # Mapped files are released once the batch's steps that read them are done...
-    loading = onnx_io.iter_load(files)
+    loading = loader.iter_load(files)
     path, model, _ = next(loading)
     assert path == files[0] and is_fast(model) and not mapped()
     loading.close()
     # ...and when a step is interrupted.
     seen = []
-    real_infer = onnx_io._infer_light
+    real_infer = fastpath.infer_light
 
     def interrupted(prepared):
         seen.append(mapped())
@@ -850,16 +851,16 @@ def test_iter_load_unmaps_its_files_also_when_interrupted(tmp_path, monkeypatch)
             raise KeyboardInterrupt
         return real_infer(prepared)
 
-    monkeypatch.setattr(onnx_io, "_infer_light", interrupted)
+    monkeypatch.setattr(fastpath, "infer_light", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        next(onnx_io.iter_load(files))
+        next(loader.iter_load(files))
     assert seen == [True, True] and not mapped()
 
 
 def test_iter_load_with_input_shapes_uses_the_full_loader(tmp_path):
     _mixed_corpus(tmp_path)  # writes sym.onnx, among others
     sym = tmp_path / "sym.onnx"
-    [(path, model, error)] = list(onnx_io.iter_load([sym], {"x": [2, 3]}))
+    [(path, model, error)] = list(loader.iter_load([sym], {"x": [2, 3]}))
     assert path == sym and error is None and not is_fast(model)
     assert model.inputs[0][1].shape == (2, 3)
 
@@ -886,7 +887,7 @@ def test_a_node_with_its_fields_in_any_order_is_the_same_layer(tmp_path):
 
     # Two head ids: the span of the usual node, and the written key the other two share.
     assert len(_core.OnnxScan(path.read_bytes()).head_node) == 2
-    fast = onnx_io.load(path)
+    fast = loader.load(path)
     assert is_fast(fast) and fast.n_layers == 3
     assert_same(fast, full_load(path))
     assert len({bytes(d) for d in fast.digests}) == 1
@@ -909,13 +910,13 @@ def test_initializers_listed_as_inputs_have_their_types_checked_even_after_an_eq
         listed = _field(11, _field(1, b"w2") + _field(2, type_bytes))
         path.write_bytes(m.SerializeToString() + _field(7, graph + listed))
         if ok:
-            model = onnx_io.load(path)
+            model = loader.load(path)
             assert is_fast(model) and model.n_layers == 3
         else:
             with pytest.raises(ValueError, match="unsupported wire type"):
                 _core.OnnxScan(path.read_bytes())
             with pytest.raises(ModelError, match="bad.onnx"):
-                onnx_io.load(path)
+                loader.load(path)
 
 
 def test_each_op_schema_is_looked_up_once_for_its_version_and_its_heads(monkeypatch):
@@ -926,19 +927,19 @@ def test_each_op_schema_is_looked_up_once_for_its_version_and_its_heads(monkeypa
             continue
         v = schema.since_version
         for opset in (v, v + 1):
-            info = onnx_io._op_schema(schema.name, opset)
+            info = fastpath._op_schema(schema.name, opset)
             if info is None or info[0] != v:
                 continue  # a newer version took over at opset v + 1
             assert info == (v, *digest.plain_head_parts(schema.name, v)), (schema.name, opset)
-    assert onnx_io._op_schema("NoSuchOp", 13) is None and onnx_io._since_version("NoSuchOp", 13) is None
+    assert fastpath._op_schema("NoSuchOp", 13) is None and fastpath._since_version("NoSuchOp", 13) is None
 
     # A fresh process's first analysis: one lookup per distinct op.
-    onnx_io._op_schema.cache_clear()
-    onnx_io._since_versions.cache_clear()
+    fastpath._op_schema.cache_clear()
+    fastpath._since_versions.cache_clear()
     digest._schema_defaults.cache_clear()
-    monkeypatch.setattr(onnx_io, "_FAST_HEADS", _core.HeadTable())
+    monkeypatch.setattr(fastpath, "_FAST_HEADS", _core.HeadTable())
     calls = []
     real = onnx.defs.get_schema
     monkeypatch.setattr(onnx.defs, "get_schema", lambda *a, **k: calls.append(a[:2]) or real(*a, **k))
-    model = onnx_io.load(DATA / "light" / "light_resnet50.onnx")
+    model = loader.load(DATA / "light" / "light_resnet50.onnx")
     assert is_fast(model) and len(calls) == len(set(calls)) == len({op for op, _ in calls})

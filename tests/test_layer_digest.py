@@ -18,7 +18,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from dlbricks.loading import onnx_io
+from dlbricks.loading import loader
 from dlbricks.digest import (
     LAYER_DIGEST_VERSION,
     LAYER_MAGIC,
@@ -44,7 +44,7 @@ def make_model(nodes, inputs, outputs, initializers=(), *, opset=13) -> onnx.Mod
 
 
 def digests(proto: onnx.ModelProto, **kw) -> list[bytes]:
-    return [layer.digest for layer in onnx_io.load(proto, **kw).layers]
+    return [layer.digest for layer in loader.load(proto, **kw).layers]
 
 
 # -- golden values: a change here means persisted results no longer match ---------------
@@ -310,7 +310,7 @@ def test_small_biases_do_not_keep_identical_layers_apart():
         h.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
         h.make_node("Conv", ["c0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
     ]
-    model = onnx_io.load(make_model(nodes, [vi("x", F, [1, 16, 5, 5])], [vi("c1")], inits))
+    model = loader.load(make_model(nodes, [vi("x", F, [1, 16, 5, 5])], [vi("c1")], inits))
     assert all(layer.constants[2].role == "weight" for layer in model.layers)
     assert model.layers[0].digest == model.layers[1].digest
 
@@ -443,7 +443,7 @@ def test_cached_operator_and_attribute_bytes_match_a_fresh_computation():
     # warm cache must give exactly what a cold one gives, for every light-model layer.
     from dlbricks import digest
 
-    models = [onnx_io.load(p) for p in sorted(LIGHT.glob("light_*.onnx"))]
+    models = [loader.load(p) for p in sorted(LIGHT.glob("light_*.onnx"))]
     layers = [layer for m in models for layer in m.layers]
 
     def canonical(layer):

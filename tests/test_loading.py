@@ -14,10 +14,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from dlbricks.loading import onnx_io
+from dlbricks.loading import loader, paths, wire
 from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.model import TensorType
-from dlbricks.loading.onnx_io import DlbricksWarning
+from dlbricks.loading import DlbricksWarning
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(LIGHT.glob("light_*.onnx"))
@@ -60,7 +60,7 @@ def conv_relu_model(batch: int | str = 1) -> onnx.ModelProto:
 
 def errors_of(source, **kw) -> str:
     with pytest.raises(ModelError) as info:
-        onnx_io.load(source, **kw)
+        loader.load(source, **kw)
     msg = str(info.value)
     assert "\n" not in msg
     return msg
@@ -70,7 +70,7 @@ def errors_of(source, **kw) -> str:
 
 
 def test_resnet50_light_has_the_hand_counted_layers():
-    model = onnx_io.load(LIGHT / "light_resnet50.onnx")
+    model = loader.load(LIGHT / "light_resnet50.onnx")
     counts = collections.Counter(layer.op_type for layer in model.layers)
     # Counted in the file: 415 nodes, 239 of them ConstantOfShape making weights.
     assert counts == {
@@ -91,7 +91,7 @@ def test_resnet50_light_has_the_hand_counted_layers():
 
 
 def test_alexnet_light_has_the_hand_counted_layers():
-    model = onnx_io.load(LIGHT / "light_bvlc_alexnet.onnx")
+    model = loader.load(LIGHT / "light_bvlc_alexnet.onnx")
     counts = collections.Counter(layer.op_type for layer in model.layers)
     # 40 nodes, 16 of them ConstantOfShape.
     assert counts == {"Conv": 5, "Relu": 7, "LRN": 2, "MaxPool": 3, "Reshape": 1, "Gemm": 3, "Dropout": 2, "Softmax": 1}
@@ -103,7 +103,7 @@ def test_alexnet_light_has_the_hand_counted_layers():
 
 @pytest.mark.parametrize("path", LIGHT_MODELS, ids=lambda p: p.stem)
 def test_every_light_model_loads_with_concrete_types_and_consistent_edges(path):
-    model = onnx_io.load(path)
+    model = loader.load(path)
     assert model.n_layers > 0
     used = set(model.consumers()) | {n for n, _ in model.outputs}
     assert not {"ConstantOfShape", "Constant", "Unsqueeze"} & {layer.op_type for layer in model.layers}
@@ -136,7 +136,7 @@ def test_every_light_model_loads_with_concrete_types_and_consistent_edges(path):
 
 
 def test_densenet_light_folds_unsqueezed_constants_into_weights():
-    model = onnx_io.load(LIGHT / "light_densenet121.onnx")
+    model = loader.load(LIGHT / "light_densenet121.onnx")
     muls = [layer for layer in model.layers if layer.op_type == "Mul"]
     assert len(muls) == 121
     c = muls[0].constants[1]
@@ -148,7 +148,7 @@ def test_densenet_light_folds_unsqueezed_constants_into_weights():
 
 
 def test_reshape_shape_is_a_param_with_its_value():
-    model = onnx_io.load(LIGHT / "light_resnet50.onnx")
+    model = loader.load(LIGHT / "light_resnet50.onnx")
     (reshape,) = [layer for layer in model.layers if layer.op_type == "Reshape"]
     c = reshape.constants[1]
     assert c.role == "param"
@@ -157,7 +157,7 @@ def test_reshape_shape_is_a_param_with_its_value():
 
 
 def test_constant_value_materialises_a_constantofshape_weight():
-    model = onnx_io.load(LIGHT / "light_resnet50.onnx")
+    model = loader.load(LIGHT / "light_resnet50.onnx")
     conv = model.layers[0]
     name = conv.constants[1].name
     value = model.constant_value(name)
@@ -169,8 +169,8 @@ def test_constant_value_materialises_a_constantofshape_weight():
 
 def test_path_and_proto_sources_give_the_same_model():
     path = LIGHT / "light_squeezenet.onnx"
-    a = onnx_io.load(path)
-    b = onnx_io.load(onnx.load(path))
+    a = loader.load(path)
+    b = loader.load(onnx.load(path))
     assert a.name == "light_squeezenet" and a.path == str(path)
     assert b.path is None
     assert np.array_equal(a.digests, b.digests)
@@ -178,7 +178,7 @@ def test_path_and_proto_sources_give_the_same_model():
 
 
 def test_initializers_listed_as_graph_inputs_are_constants_not_inputs():
-    model = onnx_io.load(LIGHT / "light_vgg19.onnx")
+    model = loader.load(LIGHT / "light_vgg19.onnx")
     assert model.ir_version == 3
     assert [n for n, _ in model.inputs] == ["data_0"]
     assert model.constant_types  # the ConstantOfShape shape initializers and their outputs
@@ -189,7 +189,7 @@ def test_initializers_listed_as_graph_inputs_are_constants_not_inputs():
 
 
 def test_conv_relu_reshape_builds_layers_constants_and_edges():
-    model = onnx_io.load(conv_relu_model())
+    model = loader.load(conv_relu_model())
     assert [layer.name for layer in model.layers] == ["conv", "relu", "flat"]
     conv = model.layers[0]
     # A small float bias is still a weight: its values must not keep layers apart.
@@ -212,7 +212,7 @@ def test_shape_of_a_static_tensor_folds_into_a_param():
         h.make_node("Flatten", ["r"], ["f"]),
         h.make_node("Reshape", ["f", "s"], ["y"]),
     ]
-    model = onnx_io.load(make_model(nodes, [vi("x", T.FLOAT, [2, 3, 4])], [vi("y")]))
+    model = loader.load(make_model(nodes, [vi("x", T.FLOAT, [2, 3, 4])], [vi("y")]))
     assert [layer.op_type for layer in model.layers] == ["Relu", "Flatten", "Reshape"]
     c = model.layers[2].constants[1]
     assert c.role == "param" and c.value.tolist() == [2, 3, 4]
@@ -228,7 +228,7 @@ def test_shape_arithmetic_inference_cannot_follow_is_resolved_by_evaluation():
         h.make_node("Reshape", ["x", "p"], ["y"]),
         h.make_node("Relu", ["y"], ["z"]),
     ]
-    model = onnx_io.load(make_model(nodes, [vi("x", T.FLOAT, [2, 3, 4])], [vi("z")]))
+    model = loader.load(make_model(nodes, [vi("x", T.FLOAT, [2, 3, 4])], [vi("z")]))
     assert [layer.op_type for layer in model.layers] == ["Reshape", "Relu"]
     assert model.layers[0].constants[1].value.tolist() == [24]
     assert model.outputs == [("z", TensorType(T.FLOAT, (24,)))]
@@ -244,7 +244,7 @@ def test_constant_chains_fold_and_tiny_float_constants_are_params():
         h.make_node("Mul", ["y", "w2"], ["z"]),
     ]
     inits = [nh.from_array(np.array([5, 8], np.int64), "shape"), nh.from_array(np.array([0], np.int64), "axes")]
-    model = onnx_io.load(make_model(nodes, [vi("x", T.FLOAT, [1, 5, 8])], [vi("z")], inits))
+    model = loader.load(make_model(nodes, [vi("x", T.FLOAT, [1, 5, 8])], [vi("z")], inits))
     clip, mul = model.layers
     assert (clip.op_type, mul.op_type) == ("Clip", "Mul")
     assert clip.constants[1].role == "param" and float(clip.constants[1].value) == 0.0
@@ -259,7 +259,7 @@ def test_unordered_node_list_is_sorted_and_ordered_one_kept():
     nodes = list(model_proto.graph.node)
     del model_proto.graph.node[:]
     model_proto.graph.node.extend(reversed(nodes))
-    model = onnx_io.load(model_proto)
+    model = loader.load(model_proto)
     assert [layer.name for layer in model.layers] == ["conv", "relu", "flat"]
 
 
@@ -269,7 +269,7 @@ def test_unnamed_nodes_are_named_by_op_and_index_and_duplicates_made_unique():
         h.make_node("Sigmoid", ["a"], ["b"], name="same"),
         h.make_node("Tanh", ["b"], ["c"], name="same"),
     ]
-    model = onnx_io.load(make_model(nodes, [vi("x", T.FLOAT, [2])], [vi("c")]))
+    model = loader.load(make_model(nodes, [vi("x", T.FLOAT, [2])], [vi("c")]))
     assert [layer.name for layer in model.layers] == ["Relu_0", "same", "same_2"]
 
 
@@ -278,7 +278,7 @@ def test_unnamed_nodes_are_named_by_op_and_index_and_duplicates_made_unique():
 
 def test_symbolic_batch_dim_warns_and_defaults_to_one():
     with pytest.warns(DlbricksWarning, match=r"input 'x' has a symbolic batch dim \('N'\); using 1"):
-        model = onnx_io.load(conv_relu_model(batch="N"))
+        model = loader.load(conv_relu_model(batch="N"))
     assert model.inputs == [("x", TensorType(T.FLOAT, (1, 3, 8, 8)))]
     assert model.layers[-1].output_types[0] == TensorType(T.FLOAT, (1, 256))
 
@@ -286,12 +286,12 @@ def test_symbolic_batch_dim_warns_and_defaults_to_one():
 def test_input_shapes_override_the_declared_shape_without_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model = onnx_io.load(conv_relu_model(batch="N"), {"x": (8, 3, 16, 16)})
+        model = loader.load(conv_relu_model(batch="N"), {"x": (8, 3, 16, 16)})
     assert model.inputs == [("x", TensorType(T.FLOAT, (8, 3, 16, 16)))]
     assert model.layers[-1].output_types[0] == TensorType(T.FLOAT, (8, 1024))
     # Fixed dims can be overridden too, and the digests follow the shapes.
-    a = onnx_io.load(conv_relu_model(), {"x": (2, 3, 8, 8)})
-    b = onnx_io.load(conv_relu_model())
+    a = loader.load(conv_relu_model(), {"x": (2, 3, 8, 8)})
+    b = loader.load(conv_relu_model())
     assert a.layers[1].digest != b.layers[1].digest
 
 
@@ -300,7 +300,7 @@ def test_symbolic_dim_after_the_batch_is_an_error_with_a_hint():
     proto = make_model(nodes, [vi("x", T.FLOAT, ["N", 3, "seq"])], [vi("y")], name="seqmodel")
     msg = errors_of(proto)
     assert msg == "seqmodel: cannot resolve the shape of tensor 'x' (dim 2 is 'seq'); pass --input-shape x=..."
-    model = onnx_io.load(proto, {"x": (1, 3, 7)})
+    model = loader.load(proto, {"x": (1, 3, 7)})
     assert model.layers[0].output_types[0] == TensorType(T.FLOAT, (1, 3, 7))
 
 
@@ -310,7 +310,7 @@ def test_symbolic_dims_in_annotations_resolve_through_input_names():
     proto = make_model(
         nodes, [vi("x", T.FLOAT, ["B", 4])], [vi("y", T.FLOAT, ["B", 4])], extra_opsets={"com.microsoft": 1}
     )
-    model = onnx_io.load(proto, {"x": (5, 4)})
+    model = loader.load(proto, {"x": (5, 4)})
     assert model.layers[0].output_types[0] == TensorType(T.FLOAT, (5, 4))
 
 
@@ -423,7 +423,7 @@ def test_an_undefined_graph_output_is_a_model_error():
 
 def test_load_rejects_other_source_types():
     with pytest.raises(TypeError):
-        onnx_io.load(42)  # type: ignore[arg-type]
+        loader.load(42)  # type: ignore[arg-type]
 
 
 # -- external data and light copies -----------------------------------------------------
@@ -450,19 +450,19 @@ def _save_external(tmp_path: Path) -> tuple[Path, np.ndarray]:
 
 def test_external_data_is_not_read_during_analysis(tmp_path):
     path, w = _save_external(tmp_path)
-    model = onnx_io.load(path)
+    model = loader.load(path)
     assert model.layers[0].constants[1].type == TensorType(T.FLOAT, (64, 3, 3, 3))
     assert model.layers[1].output_types[0] == TensorType(T.FLOAT, (1, 576))
     assert np.array_equal(model.constant_value("w"), w)
 
     (tmp_path / "ext.data").write_bytes(b"")  # truncated: analysis still works
-    again = onnx_io.load(path)
+    again = loader.load(path)
     assert np.array_equal(again.digests, model.digests)
     with pytest.raises(DlbricksError, match=r"external data file 'ext.data' is truncated"):
         again.constant_value("w")
 
     (tmp_path / "ext.data").unlink()
-    gone = onnx_io.load(path)
+    gone = loader.load(path)
     assert np.array_equal(gone.digests, model.digests)
     with pytest.raises(DlbricksError, match=r"external data file 'ext.data' for tensor 'w' not found"):
         gone.constant_value("w")
@@ -471,7 +471,7 @@ def test_external_data_is_not_read_during_analysis(tmp_path):
 def test_external_data_of_an_in_memory_model_cannot_be_materialised(tmp_path):
     path, _ = _save_external(tmp_path)
     proto = onnx.load(path, load_external_data=False)
-    model = onnx_io.load(proto, name="mem")
+    model = loader.load(proto, name="mem")
     assert model.name == "mem"
     with pytest.raises(DlbricksError, match="not loaded from a file"):
         model.constant_value("w")
@@ -485,7 +485,7 @@ def test_external_data_outside_the_model_folder_is_refused(tmp_path):
             if e.key == "location":
                 e.value = "../ext.data"
     onnx.save(proto, path)
-    model = onnx_io.load(path)
+    model = loader.load(path)
     with pytest.raises(DlbricksError, match="invalid external data location"):
         model.constant_value("w")
 
@@ -502,7 +502,7 @@ def test_shape_inference_never_sees_large_initializer_data(monkeypatch):
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy)
-    model = onnx_io.load(proto)
+    model = loader.load(proto)
     assert model.layers[0].output_types[0] == TensorType(T.FLOAT, (2, 512))
     assert seen and max(seen) < 10_000  # the 512 KiB weight was left behind
 
@@ -531,7 +531,7 @@ def _if_and_contrib_model(annotate: bool) -> onnx.ModelProto:
 
 
 def test_if_and_contrib_ops_are_single_opaque_layers():
-    model = onnx_io.load(_if_and_contrib_model(annotate=True))
+    model = loader.load(_if_and_contrib_model(annotate=True))
     assert [layer.kind for layer in model.layers] == ["Sigmoid", "If", "com.microsoft::Gelu"]
     sig, branch, gelu = model.layers
     assert branch.output_types == (TensorType(T.FLOAT, (1, 8)),)
@@ -552,7 +552,7 @@ def test_opaque_output_of_unknown_type_is_fine_when_unused():
     ]
     proto = make_model(nodes, [vi("x", T.FLOAT, [3])], [vi("z")], extra_opsets={"com.example": 1})
     proto.graph.value_info.append(vi("y", T.FLOAT, [3]))
-    model = onnx_io.load(proto)
+    model = loader.load(proto)
     assert model.layers[0].output_types == (TensorType(T.FLOAT, (3,)), None)
     assert model.layers[1].output_types == (TensorType(T.FLOAT, (3,)),)
 
@@ -565,7 +565,7 @@ def test_opaque_ops_with_constant_inputs_are_not_folded():
     k = nh.from_array(np.ones(4, np.float32), "k")
     proto = make_model(nodes, [vi("x", T.FLOAT, [4])], [vi("y")], [k], extra_opsets={"com.microsoft": 1})
     proto.graph.value_info.append(vi("g", T.FLOAT, [4]))
-    model = onnx_io.load(proto)
+    model = loader.load(proto)
     assert [layer.op_type for layer in model.layers] == ["Gelu", "Add"]
     assert model.edge_src.tolist() == [0] and model.edge_dst_slot.tolist() == [1]
 
@@ -583,7 +583,7 @@ def test_loop_outputs_take_the_shape_the_body_declares():
         h.make_node("Sigmoid", ["y"], ["z"]),
     ]
     inits = [nh.from_array(np.array(3, np.int64), "n"), nh.from_array(np.ones(4, np.float32), "k")]
-    model = onnx_io.load(make_model(nodes, [vi("x", T.FLOAT, [4])], [vi("z")], inits, opset=16))
+    model = loader.load(make_model(nodes, [vi("x", T.FLOAT, [4])], [vi("z")], inits, opset=16))
     assert [layer.op_type for layer in model.layers] == ["Relu", "Loop", "Sigmoid"]
     loop = model.layers[1]
     assert loop.input_types[1] is None  # the omitted condition
@@ -596,7 +596,7 @@ def test_model_local_functions_are_opaque_layers():
     node = h.make_node("MyRelu", ["x"], ["y"], domain="local")
     graph = h.make_graph([node], "fn", [vi("x", T.FLOAT, [4])], [vi("y")])
     proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 13), h.make_opsetid("local", 1)], functions=[f])
-    model = onnx_io.load(proto)
+    model = loader.load(proto)
     assert [(x.kind, x.output_types) for x in model.layers] == [("local::MyRelu", (TensorType(T.FLOAT, (4,)),))]
 
 
@@ -619,7 +619,7 @@ def test_sparse_initializers_are_constants_with_dense_values():
     graph = h.make_graph(
         [h.make_node("MatMul", ["x", "w"], ["y"])], "sp", [vi("x", T.FLOAT, [3, 2])], [vi("y")], sparse_initializer=[sp]
     )
-    model = onnx_io.load(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]))
+    model = loader.load(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]))
     assert model.layers[0].constants[1].type == TensorType(T.FLOAT, (2, 4))
     assert model.constant_value("w").tolist() == [[0, 1, 0, 0], [0, 2, 0, 0]]
 
@@ -633,17 +633,17 @@ def test_iter_model_paths_expands_folders_recursively_and_sorted(tmp_path):
     for rel in ["b/z.onnx", "a/deep/y.onnx", "a/x.onnx", "a/notes.txt"]:
         (tmp_path / rel).write_bytes(b"")
     single = tmp_path / "b" / "z.onnx"
-    got = onnx_io.iter_model_paths([tmp_path, single])
+    got = paths.iter_model_paths([tmp_path, single])
     assert got == [tmp_path / "a/deep/y.onnx", tmp_path / "a/x.onnx", tmp_path / "b/z.onnx"]
-    assert onnx_io.iter_model_paths(str(single)) == [single]
+    assert paths.iter_model_paths(str(single)) == [single]
 
 
 def test_iter_model_paths_rejects_missing_paths_and_empty_folders(tmp_path):
     with pytest.raises(DlbricksError, match="no such file or directory"):
-        onnx_io.iter_model_paths([tmp_path / "absent"])
+        paths.iter_model_paths([tmp_path / "absent"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(DlbricksError) as info:
-        onnx_io.iter_model_paths([tmp_path / "empty"])
+        paths.iter_model_paths([tmp_path / "empty"])
     assert str(info.value) == f"{tmp_path / 'empty'}: no .onnx files found"
 
 
@@ -669,10 +669,10 @@ def test_big_files_are_analysed_without_parsing_weight_bytes(tmp_path, monkeypat
     proto, weights = _big_weights_model()
     path = tmp_path / "big.onnx"
     onnx.save(proto, path)
-    reference = onnx_io.load(proto)
+    reference = loader.load(proto)
 
-    monkeypatch.setattr(onnx_io, "_SCAN_MIN_BYTES", 0)
-    monkeypatch.setattr(onnx_io, "_FAST_PATH", False)  # the full loader's own scan (test_fastload covers the other)
+    monkeypatch.setattr(wire, "_SCAN_MIN_BYTES", 0)
+    monkeypatch.setattr(loader, "_FAST_PATH", False)  # the full loader's own scan (test_fastload covers the other)
     parsed_sizes = []
     real_from_string = onnx.ModelProto.FromString
 
@@ -681,7 +681,7 @@ def test_big_files_are_analysed_without_parsing_weight_bytes(tmp_path, monkeypat
         return real_from_string(data)
 
     monkeypatch.setattr(onnx.ModelProto, "FromString", staticmethod(spy))
-    model = onnx_io.load(path)
+    model = loader.load(path)
     # Only the model without its 216 KiB of weights was parsed.
     assert parsed_sizes and max(parsed_sizes) < 10_000
     assert np.array_equal(model.digests, reference.digests)
@@ -701,7 +701,7 @@ def test_big_files_are_analysed_without_parsing_weight_bytes(tmp_path, monkeypat
 
 @pytest.mark.parametrize("fraction", [0.3, 0.9])
 def test_a_truncated_big_file_is_a_model_error(tmp_path, monkeypatch, fraction):
-    monkeypatch.setattr(onnx_io, "_SCAN_MIN_BYTES", 0)
+    monkeypatch.setattr(wire, "_SCAN_MIN_BYTES", 0)
     proto, _ = _big_weights_model()
     data = proto.SerializeToString()
     p = tmp_path / "cut.onnx"
@@ -710,10 +710,10 @@ def test_a_truncated_big_file_is_a_model_error(tmp_path, monkeypatch, fraction):
 
 
 def test_scanning_reads_the_light_models_as_onnx_load_does(monkeypatch):
-    monkeypatch.setattr(onnx_io, "_SCAN_MIN_BYTES", 0)
+    monkeypatch.setattr(wire, "_SCAN_MIN_BYTES", 0)
     path = LIGHT / "light_inception_v2.onnx"
-    scanned = onnx_io.load(path)
-    monkeypatch.setattr(onnx_io, "_SCAN_MIN_BYTES", 1 << 62)
-    plain = onnx_io.load(path)
+    scanned = loader.load(path)
+    monkeypatch.setattr(wire, "_SCAN_MIN_BYTES", 1 << 62)
+    plain = loader.load(path)
     assert np.array_equal(scanned.digests, plain.digests)
     assert [x.node for x in scanned.layers] == [x.node for x in plain.layers]

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import light
 from dlbricks.cli import main
 from dlbricks.corpus import Corpus
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 from dlbricks.pipeline import bench, evaluate
 from dlbricks.reconstruct import MissingResults, bootstrap_medians, reconstruct
 from dlbricks.versions import brick_digest_version

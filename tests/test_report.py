@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dlbricks.analysis import analyze
 from dlbricks.cli import main
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 from dlbricks.report.html import SECTIONS, TOP_BRICKS, brick_contributions, build_report, write_report
 from dlbricks.store import Store
 from dlbricks.timing import RunnerConfig

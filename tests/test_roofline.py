@@ -18,7 +18,7 @@ from dlbricks.bricks import model_digest
 from dlbricks.cli import main
 from dlbricks.corpus import Corpus
 from dlbricks.errors import ModelError
-from dlbricks.loading.onnx_io import load
+from dlbricks.loading import load
 from dlbricks.roofline.peaks import CacheLevel, Peaks
 from dlbricks.versions import brick_digest_version, model_digest_version
 from dlbricks.store import Store

@@ -24,7 +24,7 @@ from dlbricks.model import ConstInput, Layer, Model, TensorType
 
 # Heavier parts load on first use, so `import dlbricks` stays fast.
 _LAZY = {
-    "load": ("dlbricks.loading.onnx_io", "load"),
+    "load": ("dlbricks.loading", "load"),
     "load_corpus": ("dlbricks.analysis", "load_corpus"),
     "LAYER_DIGEST_VERSION": ("dlbricks.versions", "LAYER_DIGEST_VERSION"),
     "Runner": ("dlbricks.timing", "Runner"),

@@ -53,7 +53,7 @@ def model_files(paths: Sequence[str | Path]) -> list[Path]:
     Raises:
         UsageError: a missing path or a folder without models (the user's call).
     """
-    from dlbricks.loading.onnx_io import iter_model_paths
+    from dlbricks.loading import iter_model_paths
 
     try:
         return iter_model_paths(paths)
@@ -83,7 +83,7 @@ def load_corpus(
     Raises:
         DlbricksError: a missing path or a folder without models; with ``strict``, a bad model.
     """
-    from dlbricks.loading.onnx_io import iter_load
+    from dlbricks.loading import iter_load
 
     files = model_files(paths)
     out = LoadedCorpus(models=[])

@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dlbricks.digest import constant_role
 from dlbricks.errors import DlbricksError
+from dlbricks.loading.names import outer_names
 from dlbricks.model import Layer, Model, TensorType
 
 WeightsMode = Literal["synthetic", "source"]
@@ -214,7 +215,7 @@ def generate_brick(
         # inputs ("hidden inputs"). Without them the brick is not a valid model, so they
         # enter it like node inputs do: constants by value (params) or synthesised
         # (weights), activations as typed graph inputs.
-        for name in _hidden_inputs(layer):
+        for name in outer_names(layer.node):
             if name in produced_inside or name in seen_inputs or name in seen_constants:
                 continue
             ctype = model.constant_types.get(name)
@@ -291,19 +292,6 @@ def generate_brick(
         source_layers=[layer.name for layer in layers],
     )
     return proto, info
-
-
-def _hidden_inputs(layer: Layer) -> list[str]:
-    """Names the layer's subgraphs read from the enclosing graph, in order of first use."""
-    from dlbricks.loading.onnx_io import _free_names, _subgraphs
-
-    names: dict[str, None] = {}
-    for a in layer.node.attribute:
-        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) or a.HasField("g") or a.graphs:
-            for sub in _subgraphs(a):
-                for name in _free_names(sub):
-                    names[name] = None
-    return list(names)
 
 
 def _activation_types(model: Model) -> dict[str, TensorType]:

@@ -21,8 +21,9 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from dlbricks import _core
-from dlbricks.versions import LAYER_DIGEST_VERSION
+from dlbricks.loading.names import norm_domain
 from dlbricks.model import ConstInput, TensorType
+from dlbricks.versions import LAYER_DIGEST_VERSION
 
 __all__ = [
     "LAYER_DIGEST_VERSION",
@@ -115,10 +116,6 @@ class _Writer:
 
     def getvalue(self) -> bytes:
         return b"".join(self.parts)
-
-
-def _norm_domain(domain: str) -> str:
-    return "" if domain in ("", "ai.onnx") else domain
 
 
 # Layers repeat a few types many times; keyed by (elem_type, shape) so that a lookup
@@ -303,7 +300,7 @@ def _write_graph(w: _Writer, g: onnx.GraphProto, scopes: _Scopes) -> None:
             _write_sparse_proto(w, sp, values=False)
         w.u32(len(g.node))
         for node in g.node:
-            w.text(_norm_domain(node.domain))
+            w.text(norm_domain(node.domain))
             w.text(node.op_type)
             _write_attributes(w, node.attribute, scopes, defaults=None)
             ins = _strip_trailing(node.input)
@@ -532,9 +529,9 @@ def make_head(
     """Magic, version, operator and attributes (the start of a layer's canonical form),
     and the outer names the attributes read. Uncached: callers that key heads
     themselves (the fast loader's head table) skip :func:`_head`'s re-serialisation."""
-    domain = _norm_domain(raw_domain)
+    domain = norm_domain(raw_domain)
     w = _Writer()
-    w.raw(_head_prefix(domain, op_type, op_version))
+    w.raw(head_prefix(domain, op_type, op_version))
     scopes = _Scopes()
     defaults = _schema_defaults(op_type, op_version) if domain == "" and op_version > 0 else None
     _write_attributes(w, attrs, scopes, defaults)
@@ -562,11 +559,11 @@ def plain_head_parts(op_type: str, op_version: int) -> tuple[bytes, dict[str, by
     of the op starts with (magic, version, operator), and the canonical bodies of the
     schema's attribute defaults (None without a schema version)."""
     defaults = _schema_defaults(op_type, op_version) if op_version > 0 else None
-    return _head_prefix("", op_type, op_version), defaults
+    return head_prefix("", op_type, op_version), defaults
 
 
 @functools.lru_cache(maxsize=4096)
-def _head_prefix(domain: str, op_type: str, op_version: int) -> bytes:
+def head_prefix(domain: str, op_type: str, op_version: int) -> bytes:
     """Magic, version, operator: the start of every head of this operator."""
     w = _Writer()
     w.raw(LAYER_MAGIC)
@@ -682,7 +679,7 @@ def layer_digest(
 
 
 
-def _layer_digest_fields(
+def layer_digest_fields(
     raw_domain: str,
     op_type: str,
     attrs: Sequence[AttributeProto],

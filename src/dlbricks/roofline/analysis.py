@@ -608,7 +608,7 @@ def rebatch(model: Model, batch: int) -> Model:
             is pinned: a Reshape/Flatten whose input and output sizes disagree (a
             hard-coded shape), or an output that carried the batch no longer does.
     """
-    from dlbricks.loading.onnx_io import load
+    from dlbricks.loading import load
 
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")

@@ -8,6 +8,7 @@ ONNX models.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -28,42 +29,43 @@ class SyntheticWorker:
 
     def __init__(self, config, start_timeout_s, *, rng, speed=lambda r: 1.0, crash_on=(), counts=None):
         self.rng, self.speed, self.crash_on = rng, speed, set(crash_on)
-        self.specs, self.slots, self.rss, self.round_no = {}, {}, 0, 0
+        self.specs, self.slots, self.next_slot, self.rss, self.round_no = {}, {}, 0, 0, 0
         self.counts = counts if counts is not None else {}
-        self._reply = None
+        self._replies = collections.deque()
 
     def send(self, msg):
         if msg is None:
             return
         op = msg[0]
         if op == "open":
-            _, item_id, spec, _, _ = msg
-            if spec.get("bad"):
-                self._reply = ("failed", item_id, "cannot load the model: bad")
+            _, item_id, spec, _, _, slot = msg
+            if spec.get("crash_on_open"):
+                self._replies.append(WorkerDied(slot, "crash", "crashed (killed by SIGABRT)"))
                 return
-            slot = len(self.slots)
-            self.slots[slot] = item_id
+            if spec.get("bad"):
+                self._replies.append(("failed", item_id, "cannot load the model: bad"))
+                return
             self.specs[item_id] = (spec, slot)
-            self._reply = ("opened", item_id, {"slot": slot, "setup_s": 0.001, "run_s": spec["ns"] * 1e-9, "rss": 0})
+            self._replies.append(("opened", item_id, {"slot": slot, "setup_s": 0.001, "run_s": spec["ns"] * 1e-9, "rss": 0}))
         elif op == "round":
             out = {}
             f = self.speed(self.round_no)
             for item_id, k, _ in msg[1]:
                 spec, slot = self.specs[item_id]
                 if item_id in self.crash_on:
-                    self._reply = WorkerDied(slot, "crash", "crashed (killed by SIGSEGV)")
+                    self._replies.append(WorkerDied(slot, "crash", "crashed (killed by SIGSEGV)"))
                     return
                 noise = self.rng.lognormal(0.0, spec["cv"], size=k)
                 out[item_id] = [int(spec["ns"] * f * x) for x in noise]
                 self.counts[item_id] = self.counts.get(item_id, 0) + k
             self.round_no += 1
             wall = sum(sum(v) for v in out.values()) * 1e-9
-            self._reply = ("round", out, wall)
+            self._replies.append(("round", out, wall))
         elif op == "close":
-            self._reply = ("closed", 0)
+            self._replies.append(("closed", 0))
 
     def reply(self, timeout_s, doing):
-        r, self._reply = self._reply, None
+        r = self._replies.popleft()
         if isinstance(r, Exception):
             raise r
         return r
@@ -166,6 +168,16 @@ def test_a_crashing_session_fails_alone_and_the_rest_are_measured():
     assert isinstance(results["boom"], Failure) and results["boom"].reason == "crash"
     assert isinstance(results["ok1"], Measurement) and isinstance(results["ok2"], Measurement)
     assert summary.failed == 1 and summary.measured == 2 and summary.worker_starts >= 2
+
+
+def test_a_session_that_kills_its_worker_while_opening_fails_alone():
+    specs = {f"ok{i}": {"ns": 1e5, "cv": 0.02} for i in range(5)}
+    specs["boom"] = {"crash_on_open": True}
+    specs.update({f"late{i}": {"ns": 1e5, "cv": 0.02} for i in range(5)})
+    results, _, summary = run_synthetic(specs, {})
+    assert isinstance(results["boom"], Failure) and results["boom"].reason == "crash"
+    assert all(isinstance(r, Measurement) for k, r in results.items() if k != "boom")
+    assert len(results) == 11 and summary.worker_starts >= 2
 
 
 def test_a_session_that_cannot_open_is_a_failure_with_the_reason():

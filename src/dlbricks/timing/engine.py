@@ -58,6 +58,9 @@ _PRIOR_CV = 0.05
 #: A round is allowed this many times its expected duration, plus the per-job timeout.
 _ROUND_SLACK = 20.0
 _LEVEL = 0.95
+#: Open requests in flight per worker: enough to overlap generation here with session
+#: building there, few enough that a crash re-sends little.
+_OPEN_AHEAD = 3
 
 
 @dataclass
@@ -151,6 +154,7 @@ class _Worker:
         self.tx = Connection(to_child_w, readable=False)
         self.rx = Connection(to_parent_r, writable=False)
         self.slots: dict[int, str] = {}  # beacon slot -> item id
+        self.next_slot = 0
         self.rss = 0
         try:
             self.tx.send(("config", config.to_dict()))
@@ -449,46 +453,83 @@ class _Engine:
         self.done += 1
         self.on_result(track.item, Failure(error, reason, None, wall_s))
 
-    def open(self, track: _Track) -> bool:
-        """Open one session on its worker; False if it failed (already reported)."""
+    def prepare(self, track: _Track) -> tuple[Any, Any] | None:
+        """The item's (source, int bounds), generating it if need be; None if that failed."""
         it = track.item
         t0 = time.perf_counter()
         try:
             prepared = it.source() if callable(it.source) else it.source
-            # A callable may also say the integer-input bounds it found while generating.
-            source, bounds = prepared if isinstance(prepared, tuple) else (prepared, it.int_bounds)
         except DlbricksError as exc:
             self.fail(track, "error", str(exc), time.perf_counter() - t0)
-            return False
-        gen_s = time.perf_counter() - t0
+            return None
         if callable(it.source):
-            it.prep_s += gen_s
-        wk = self.worker(track.worker)
-        wk.send(("open", it.id, source, dict(bounds) if bounds else None, it.seed))
-        del source, prepared
+            it.prep_s += time.perf_counter() - t0
+        # A callable may also say the integer-input bounds it found while generating.
+        source, bounds = prepared if isinstance(prepared, tuple) else (prepared, it.int_bounds)
+        return source, dict(bounds) if bounds else None
+
+    def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False) -> list[_Track]:
+        """Open sessions, keeping a few requests in flight per worker so that the next
+        brick is generated here while the worker builds and warms up the current one.
+        Stops sending once ``stop()`` says so; returns the tracks not sent."""
+        queue = list(tracks)
+        inflight: dict[int, list[tuple[_Track, float]]] = {}
+        while queue or any(inflight.values()):
+            # Fill every worker's pipeline.
+            while queue and not stop():
+                t = queue[0]
+                if len(inflight.get(t.worker, ())) >= _OPEN_AHEAD:
+                    break
+                queue.pop(0)
+                prepared = self.prepare(t)
+                if prepared is None:
+                    continue
+                wk = self.worker(t.worker)
+                slot = wk.next_slot
+                wk.next_slot += 1
+                wk.slots[slot] = t.item.id
+                t.info = {"slot": slot}
+                wk.send(("open", t.item.id, prepared[0], prepared[1], t.item.seed, slot))
+                inflight.setdefault(t.worker, []).append((t, time.perf_counter()))
+            busy = [w for w, v in inflight.items() if v]
+            if not busy:
+                if stop():
+                    break
+                continue
+            w = busy[0]
+            t, t_sent = inflight[w].pop(0)
+            self.receive_open(w, t, t_sent, inflight)
+        return queue
+
+    def receive_open(self, w: int, t: _Track, t_sent: float, inflight: dict[int, list[tuple[_Track, float]]]) -> None:
+        wk = self.worker(w)
+        label = t.item.label or t.item.id
         try:
-            msg = wk.reply(self.config.timeout_s, f"opening {it.label or it.id}")
+            msg = wk.reply(self.config.timeout_s, f"opening {label}")
         except WorkerDied as exc:
-            self.workers[track.worker] = None
-            self.fail(track, exc.reason, f"{it.label or it.id}: worker {exc.detail}", time.perf_counter() - t0)
-            self.reopen(track.worker)
-            return False
+            self.workers[w] = None
+            culprit = wk.slots.get(exc.slot, t.item.id)
+            ct = self.tracks[culprit]
+            self.fail(ct, exc.reason, f"{ct.item.label or ct.item.id}: worker {exc.detail}", time.perf_counter() - t_sent)
+            # Whatever else was in flight on that worker is opened again in a fresh one.
+            again = [x for x, _ in inflight.pop(w, []) if x is not ct] + ([t] if t is not ct else [])
+            self.reopen(w)
+            self.open_many(again)
+            return
         if msg[0] == "failed":
-            self.fail(track, "error", f"{it.label or it.id}: {msg[2]}", time.perf_counter() - t0)
-            return False
-        track.info = msg[2]
-        track.setup_s += float(track.info["setup_s"])
-        wk.slots[int(track.info["slot"])] = it.id
-        wk.rss = int(track.info.get("rss", wk.rss))
-        track.open = True
-        return True
+            self.fail(t, "error", f"{label}: {msg[2]}", time.perf_counter() - t_sent)
+            return
+        t.info = msg[2]
+        t.setup_s += float(t.info["setup_s"])
+        wk.rss = int(t.info.get("rss", wk.rss))
+        t.open = True
 
     def reopen(self, w: int) -> None:
         """After a worker died: open its live sessions again in a fresh one."""
-        for t in list(self.tracks.values()):
-            if t.worker == w and t.open:
-                t.open = False
-                self.open(t)
+        live = [t for t in self.tracks.values() if t.worker == w and t.open]
+        for t in live:
+            t.open = False
+        self.open_many(live)
 
     # ------------------------------------------------------------------ rounds
 
@@ -573,12 +614,11 @@ class _Engine:
             while pending:
                 # Open as many sessions as the memory budget holds: one batch.
                 self.summary.batches += 1
-                while pending:
-                    t = pending.pop(0)
-                    self.open(t)
+                def full() -> bool:
                     rss = sum(w.rss for w in self.workers if w is not None)
-                    if rss >= budget and any(x.open for x in self.tracks.values()):
-                        break
+                    return rss >= budget and any(x.open for x in self.tracks.values())
+
+                pending = self.open_many(pending, stop=full)
                 round_no = 0
                 while any(t.open for t in self.tracks.values()):
                     self.run_round(round_no)

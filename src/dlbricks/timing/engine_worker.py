@@ -8,7 +8,7 @@ re-imports the parent's main module; this does not).
 Protocol (pickled tuples over a pipe, one reply per request):
 
 - ``("config", config_dict)`` -> ``("ready", pid)``: pin this process, keep the config.
-- ``("open", id, source, int_bounds, seed)`` -> ``("opened", id, info)`` or
+- ``("open", id, source, int_bounds, seed, slot)`` -> ``("opened", id, info)`` or
   ``("failed", id, message)``: create and bind a session (``source`` is serialized
   model bytes or a path), warm it up until its run time settles.
 - ``("round", [(id, k, warm), ...])`` -> ``("round", {id: [ns, ...]}, wall_s)``: give
@@ -34,13 +34,15 @@ from typing import Any
 
 import numpy as np
 
-#: Warm-up ends when the latest run is within this fraction of the fastest so far...
-_STEADY_TOLERANCE = 0.05
+#: Warm-up ends when the latest run is within this fraction of the fastest so far
+#: (first-run allocations and caches are behind it)...
+_STEADY_TOLERANCE = 0.10
 #: ...for this many consecutive runs,
-_STEADY_RUNS = 3
-#: or after this many runs or seconds, whichever comes first.
-_WARMUP_MAX_RUNS = 50
-_WARMUP_MAX_S = 1.0
+_STEADY_RUNS = 2
+#: or after this many runs or seconds, whichever comes first. Rounds are robust to a
+#: session that is not quite steady yet: each round weighs the same in its estimate.
+_WARMUP_MAX_RUNS = 20
+_WARMUP_MAX_S = 0.25
 
 
 class _Beacon:
@@ -124,7 +126,6 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
 
     fenv = FloatEnv()
     sessions: dict[str, _Session] = {}
-    next_slot = 0
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -135,9 +136,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
             return
         op = msg[0]
         if op == "open":
-            _, item_id, source, int_bounds, seed = msg
-            slot = next_slot
-            next_slot += 1
+            _, item_id, source, int_bounds, seed, slot = msg
             beacon.set(slot)
             t0 = time.perf_counter()
             try:

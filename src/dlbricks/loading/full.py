@@ -18,8 +18,8 @@ split into modules, each step would reach into another's state.
 
 from __future__ import annotations
 
-import heapq
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Literal, Mapping, Sequence, Union
@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from dlbricks import _core
 from dlbricks.digest import constant_role, layer_digest_fields
 from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.loading.constants import ConstantStore, constant_node_type, type_folded_value
@@ -261,34 +262,24 @@ class _Loader:
                 break
         if in_order:
             return list(range(n))
-        deps = [[producer[t][0] for t in self._deps(i) if t in producer] for i in range(n)]
-        indeg = [0] * n
-        users: list[list[int]] = [[] for _ in range(n)]
-        for i, ds in enumerate(deps):
-            for d in ds:
-                indeg[i] += 1
-                users[d].append(i)
-        # Lowest original index first: deterministic and as close to the file as possible.
-        ready = [i for i in range(n) if indeg[i] == 0]
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for u in users[i]:
-                indeg[u] -= 1
-                if indeg[u] == 0:
-                    heapq.heappush(ready, u)
-        if len(order) < n:
-            # Walk back through unsorted producers until a node repeats: it is on a cycle
-            # (the first unsorted node may merely sit downstream of one).
-            i = min(i for i in range(n) if indeg[i] > 0)
-            seen: set[int] = set()
-            while i not in seen:
-                seen.add(i)
-                i = next(d for d in deps[i] if indeg[d] > 0)
-            raise self._err(f"the graph has a cycle through node {self._desc(i)}")
-        return order
+        src: list[int] = []
+        dst: list[int] = []
+        for i in range(n):
+            for t in self._deps(i):
+                p = producer.get(t)
+                if p is not None:
+                    src.append(p[0])
+                    dst.append(i)
+        # The core's order: lowest original index first, deterministic and as close to
+        # the file as possible.
+        try:
+            order = _core.topo_order(n, np.asarray(src, np.int32), np.asarray(dst, np.int32))
+        except ValueError as exc:
+            # The core names a node on the cycle by index ("... through node 7").
+            m = re.search(r"through node (\d+)", str(exc))
+            where = f" through node {self._desc(int(m.group(1)))}" if m else ""
+            raise self._err(f"the graph has a cycle{where}") from None
+        return order.tolist()
 
     # -- input shapes ---------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The in-memory model that every part of dlbricks works on.
 
-A :class:`Model` is an ONNX graph after loading (see :mod:`dlbricks.loading.onnx_io`):
+A :class:`Model` is an ONNX graph after loading (see :mod:`dlbricks.loading`):
 constants are folded away, every remaining node is a :class:`Layer` with concrete
 input and output types, and the graph is also available as flat arrays (per-layer
 digests and slot-annotated edges) in the form the C++ core consumes.
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
 import numpy as np
 
 from dlbricks.errors import DlbricksError
+from dlbricks.loading.names import is_default_domain
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -84,7 +85,7 @@ class Layer:
     @property
     def kind(self) -> str:
         """``op_type`` qualified by domain when not the default domain."""
-        return f"{self.domain}::{self.op_type}" if self.domain not in ("", "ai.onnx") else self.op_type
+        return self.op_type if is_default_domain(self.domain) else f"{self.domain}::{self.op_type}"
 
     def activation_slots(self) -> list[int]:
         """Input slots fed by activations (not constants, not omitted)."""
@@ -105,7 +106,7 @@ def unique_layer_name(node_name: str, op_type: str, index: int, taken: set[str])
 class LazyLayers(Sequence[Layer]):
     """A model's layers, built on first use.
 
-    The fast loader (:mod:`dlbricks.loading.onnx_io`) computes digests, edges and layer kinds
+    The fast loader (:mod:`dlbricks.loading.fast`) computes digests, edges and layer kinds
     without building a :class:`Layer` per node: analysing a corpus needs no more. The
     layers themselves (nodes, types, constants) are built the first time anything
     reads them. Each layer's :attr:`Layer.kind` is available at once, as ``kinds`` or,

@@ -1,149 +1,79 @@
-"""Run-to-run reproducibility of brick timings.
+"""Run-to-run reproducibility of what users read: each model's normalized latency.
 
-Three bricks -- Conv 3x3 64->64 on 1x64x56x56, Gemm 1x4096 @ 4096x1000, and
-Add+Relu on two 1x256x56x56 tensors -- are each measured in ``--runs`` separate
-runs. Every run is a fresh worker process with a fresh session (one
-:func:`dlbricks.timing.workers.run_isolated` call per run), pinned to one core; runs of
-the three bricks are interleaved so slow drifts of the machine hit them alike.
-Reported per brick: the medians of the runs and their coefficient of variation
-(stddev / mean of the medians). Target: CV <= 2%.
+Runs ``dlbricks evaluate -G 1`` ``--runs`` times (default 3), each a fresh process with
+a fresh store, on SqueezeNet, ShuffleNet, ResNet-50 and Inception v1, with default
+settings. Reported per model: the normalized latency (reconstructed / end to end) of
+each run, its range (max - min), and each run's 95% interval; and over all (model, run,
+other run) triples, the share of intervals that cover the other runs' point estimates.
 
-Also reported, to tell the method's noise from the machine's: each run's drift (the
-spread of the medians of 8 consecutive blocks of its iterations, relative to its
-median: how much the machine's speed moved *within* one run), and the CV across runs
-of two other estimators, the minimum and the 10th percentile. When one run's own
-block medians already spread by more than 2%, no estimator of "the" median can
-reproduce to 2% between runs: the machine, not the method, sets the floor.
+Targets (issue 21): range <= 0.03 for every model, coverage >= 90%. Absolute medians
+are shown for context: on a shared host they move with the machine, which is why the
+ratio, measured interleaved, is what has to reproduce.
 
-Prints one JSON object on its last line.
+    python bench/reproducibility.py [--runs 3] [--models squeezenet,shufflenet,...] [-- options]
+
+Last line: one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import tempfile
-from pathlib import Path
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+from _evaluate import evaluate_cli, light_models
 
-from dlbricks.timing import RunnerConfig
-from dlbricks.timing.workers import Job, run_isolated
-
-
-def _save(path: Path, nodes, inputs, output, inits) -> str:
-    graph = helper.make_graph(
-        nodes,
-        path.stem,
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-        [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, output[1])],
-        initializer=[numpy_helper.from_array(a, n) for n, a in inits],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return str(path)
-
-
-def make_bricks(folder: Path) -> dict[str, str]:
-    """Write the three bricks with seeded random weights; returns name -> path."""
-    rng = np.random.default_rng(0)
-
-    def w(*shape):
-        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
-
-    return {
-        "conv3x3_64_56": _save(
-            folder / "conv.onnx",
-            [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
-            [("x", [1, 64, 56, 56])],
-            ("y", [1, 64, 56, 56]),
-            [("w", w(64, 64, 3, 3)), ("b", w(64))],
-        ),
-        "gemm_1x4096x1000": _save(
-            folder / "gemm.onnx",
-            [helper.make_node("Gemm", ["x", "w", "b"], ["y"])],
-            [("x", [1, 4096])],
-            ("y", [1, 1000]),
-            [("w", w(4096, 1000)), ("b", w(1000))],
-        ),
-        "add_relu_256x56x56": _save(
-            folder / "add_relu.onnx",
-            [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
-            [("a", [1, 256, 56, 56]), ("b", [1, 256, 56, 56])],
-            ("y", [1, 256, 56, 56]),
-            [],
-        ),
-    }
+DEFAULT_MODELS = "squeezenet,shufflenet,resnet50,inception_v1"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)))
-    ap.add_argument("--min-time", type=float, default=0.5)
-    ap.add_argument("--max-time", type=float, default=3.0)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--models", default=DEFAULT_MODELS)
+    ap.add_argument("extra", nargs="*", help="more `dlbricks evaluate` options, after --")
     args = ap.parse_args()
-    cfg = RunnerConfig(cores=(args.core,), min_time=args.min_time, max_time=args.max_time, warmup_time=0.2)
-
-    load_start = os.getloadavg()[0]  # other processes on the machine skew every figure
-    medians: dict[str, list[float]] = {}
-    minima: dict[str, list[float]] = {}
-    p10s: dict[str, list[float]] = {}
-    drifts: dict[str, list[float]] = {}
-    notes: dict[str, list[str]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        bricks = make_bricks(Path(tmp))
-        for run in range(args.runs):
-            for name, path in bricks.items():
-
-                def keep(job, result, name=name):
-                    if not hasattr(result, "stats"):
-                        raise SystemExit(f"{name}: {result.error}")
-                    medians.setdefault(name, []).append(result.stats.median)
-                    minima.setdefault(name, []).append(result.stats.min)
-                    p10s.setdefault(name, []).append(float(np.percentile(result.times_ns, 10)))
-                    drifts.setdefault(name, []).append(result.stats.drift)
-                    notes.setdefault(name, []).append(f"{result.stop_reason} n={result.stats.n}")
-
-                # One call per run: a fresh worker process and a fresh session each time.
-                run_isolated([Job(f"{name}#{run}", path)], cfg, on_result=keep)
-                print(
-                    f"run {run} {name}: median {medians[name][-1] / 1e3:.1f} us, min {minima[name][-1] / 1e3:.1f} us, "
-                    f"drift {drifts[name][-1]:.1%} ({notes[name][-1]})",
-                    flush=True,
-                )
-
-    def cv(xs: list[float]) -> float:
-        return statistics.stdev(xs) / statistics.fmean(xs) if len(xs) > 1 else 0.0
-
-    per_brick = {}
-    for name, ms in medians.items():
-        per_brick[name] = {
-            "medians_us": [round(m / 1e3, 2) for m in ms],
-            "cv": round(cv(ms), 4),
-            "cv_of_min": round(cv(minima[name]), 4),
-            "cv_of_p10": round(cv(p10s[name]), 4),
-            "within_run_drift": [round(d, 4) for d in drifts[name]],
+    paths = light_models(args.models.split(","))
+    runs = []
+    for r in range(args.runs):
+        result, wall = evaluate_cli(paths, "1", args.extra)
+        row = {}
+        for m in result["models"]:
+            seq = m["per_g"]["1"]["sequential"]
+            row[m["name"]] = {"normalized": seq["normalized"], "ci": seq["normalized_ci"], "e2e_ms": m["e2e_s"] * 1e3,
+                              "reconstructed_ms": seq["latency_s"] * 1e3}
+        runs.append({"evaluate_s": wall, "models": row})
+        print(f"run {r + 1} ({wall:.0f} s): " + ", ".join(
+            f"{n} {v['normalized']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] (e2e {v['e2e_ms']:.2f} ms)" for n, v in row.items()),
+            flush=True)
+    names = list(runs[0]["models"])
+    per_model = {}
+    covered = total = 0
+    for n in names:
+        vals = [run["models"][n]["normalized"] for run in runs]
+        for i, run in enumerate(runs):
+            lo, hi = run["models"][n]["ci"]
+            for j, other in enumerate(vals):
+                if j != i:
+                    covered += lo <= other <= hi
+                    total += 1
+        per_model[n] = {
+            "normalized": vals,
+            "range": max(vals) - min(vals),
+            "intervals": [run["models"][n]["ci"] for run in runs],
+            "e2e_ms": [run["models"][n]["e2e_ms"] for run in runs],
         }
-    all_drifts = [d for ds in drifts.values() for d in ds]
-    result = {
-        "bench": "reproducibility",
-        "core": args.core,
+    worst = max(v["range"] for v in per_model.values())
+    coverage = covered / total if total else float("nan")
+    print(f"largest range of normalized latency: {worst:.3f} (target <= 0.03); "
+          f"intervals covering the other runs' estimates: {coverage:.0%} (target >= 90%)")
+    print(json.dumps({
         "runs": args.runs,
-        "bricks": per_brick,
-        "max_cv": max(b["cv"] for b in per_brick.values()),
-    }
-    result["all_within_2pct"] = result["max_cv"] <= 0.02
-    # The machine's own floor: how far one run's block medians spread, median over runs.
-    result["median_within_run_drift"] = round(statistics.median(all_drifts), 4)
-    result["max_cv_of_min"] = max(b["cv_of_min"] for b in per_brick.values())
-    result["loadavg_1min"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
-    print(json.dumps(result))
+        "options": args.extra,
+        "per_model": per_model,
+        "max_range": worst,
+        "coverage": coverage,
+        "met": {"range": worst <= 0.03, "coverage": coverage >= 0.9},
+        "evaluate_s": [r["evaluate_s"] for r in runs],
+    }))
 
 
 if __name__ == "__main__":

@@ -50,28 +50,30 @@ prediction and baseline come from the same G=1 timings:
 
 Peaks are cached as JSON in a ``peaks`` folder next to the store file, one file per
 (system fingerprint id, thread count, pinned cores): :func:`peaks_for_store`.
+
+The result types live in :mod:`.results` and the JSON, text and plot output in
+:mod:`.render`; this module re-exports them, so it is the one callers import.
 """
 
 from __future__ import annotations
 
-import base64
-import io
-import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.roofline.costmodel import LayerCost, layer_cost, roofline_terms
-from dlbricks.files import write_atomically
-from dlbricks.graph import critical_path
 from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.graph import critical_path
+from dlbricks.loading.names import is_default_domain
 from dlbricks.model import Model
+from dlbricks.roofline.costmodel import layer_cost, roofline_terms
+from dlbricks.roofline.formulas import VIEW_OPS
+from dlbricks.roofline.render import ROOFLINE_SCHEMA_VERSION, format_text, plot_roofline, to_dict
+from dlbricks.roofline.results import LayerRoofline, ModelRoofline, RooflineAnalysis
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.roofline.peaks import Peaks
@@ -100,8 +102,6 @@ __all__ = [
     "to_dict",
 ]
 
-ROOFLINE_SCHEMA_VERSION = 1
-
 #: Default relative measurement noise: an efficiency up to 1 + this is not flagged.
 DEFAULT_NOISE = 0.05
 
@@ -113,9 +113,6 @@ FUSABLE_OPS = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Sum",
     "BatchNormalization",
 })
-
-# Views cost nothing (costmodel charges them 0 bytes); nothing fuses into them.
-_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
 
 # --------------------------------------------------------------------------- peaks
@@ -168,118 +165,6 @@ def peaks_for_store(
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     root = peaks_dir(store_path) if store_path is not None else None
     return load_or_measure_peaks(root, system_id, threads=threads, cores=config.cores, quick=quick)
-
-
-# --------------------------------------------------------------------------- results
-
-
-def _finite(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
-@dataclass(slots=True)
-class LayerRoofline:
-    """One layer against its roofline bound (times in seconds)."""
-
-    model: str
-    index: int
-    name: str
-    kind: str
-    digest: str  # its G=1 brick digest (hex)
-    cost: LayerCost
-    compute_s: float
-    memory_s: float
-    bound_s: float
-    limit: str  # "compute", "memory" or "none"
-    measured_s: float | None = None
-    ci_rel: float | None = None  # half-width of the median's CI, relative
-    efficiency: float | None = None
-    beats_bound: bool = False
-    cause: str | None = None  # one of CAUSES when beats_bound
-    reasons: list[str] = field(default_factory=list)
-    fused_into: int | None = None  # producer layer index under the fusion what-if
-
-    @property
-    def intensity(self) -> float:
-        return self.cost.arithmetic_intensity
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index, "name": self.name, "kind": self.kind, "digest": self.digest,
-            "flops": self.cost.flops, "macs": self.cost.macs, "bytes_min": self.cost.bytes_min,
-            "has_formula": self.cost.has_formula,
-            "arithmetic_intensity": _finite(self.intensity),
-            "compute_s": self.compute_s, "memory_s": self.memory_s, "bound_s": self.bound_s,
-            "limit": self.limit, "measured_s": self.measured_s, "ci_rel": self.ci_rel,
-            "efficiency": self.efficiency, "beats_bound": self.beats_bound, "cause": self.cause,
-            "reasons": list(self.reasons),
-            "fused_into": self.fused_into,
-        }
-
-
-@dataclass(slots=True)
-class ModelRoofline:
-    """A model's ideal latencies against measured ones, and its scenarios (seconds)."""
-
-    name: str
-    path: str | None
-    batch: int | None
-    layers: list[LayerRoofline]
-    ideal_sequential_s: float
-    ideal_critical_path_s: float
-    layer_sum_s: float | None  # None unless every layer is measured
-    measured_s: float | None
-    measured_source: str | None  # "end_to_end", "layer_sum" or None
-    layers_missing: int
-    scenarios: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def efficiency(self) -> float | None:
-        if not self.measured_s:
-            return None
-        return self.ideal_sequential_s / self.measured_s
-
-    def to_dict(self, *, per_layer: bool = True) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "name": self.name, "path": self.path, "batch": self.batch, "n_layers": len(self.layers),
-            "flops": sum(r.cost.flops for r in self.layers),
-            "bytes_min": sum(r.cost.bytes_min for r in self.layers),
-            "ideal_sequential_s": self.ideal_sequential_s,
-            "ideal_critical_path_s": self.ideal_critical_path_s,
-            "layer_sum_s": self.layer_sum_s, "measured_s": self.measured_s,
-            "measured_source": self.measured_source, "efficiency": self.efficiency,
-            "layers_measured": len(self.layers) - self.layers_missing,
-            "layers_missing": self.layers_missing,
-            "beats_bound": sum(r.beats_bound for r in self.layers),
-            "kinds_without_formula": sorted({r.kind for r in self.layers if not r.cost.has_formula}),
-            "scenarios": self.scenarios,
-        }
-        # Flat copies of the scenario speedups, for table renderers that skip nested values.
-        sc = self.scenarios
-        for key, scenario, field_ in (("speedup_at_bound", "at_bound", "speedup"),
-                                      ("speedup_parallel", "parallel_branches", "speedup"),
-                                      ("speedup_fusion", "fusion", "speedup"),
-                                      ("speedup_fusion_bound", "fusion", "bound_speedup"),
-                                      ("speedup_batch_per_sample", "batch", "per_sample_speedup")):
-            if scenario in sc:
-                d[key] = sc[scenario].get(field_)
-        if per_layer:
-            d["layers"] = [r.to_dict() for r in self.layers]
-        return d
-
-
-@dataclass(slots=True)
-class RooflineAnalysis:
-    """The result of :func:`analyze`."""
-
-    peaks: Peaks
-    models: list[ModelRoofline]
-    noise: float
-    occurrences: dict[str, int]  # G=1 brick digest -> occurrences over the corpus
-
-    def beats_bound(self) -> list[LayerRoofline]:
-        """Every layer flagged as faster than its bound."""
-        return [r for m in self.models for r in m.layers if r.beats_bound]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -356,7 +241,7 @@ def fusion_groups(model: Model) -> tuple[np.ndarray, list[int | None], list[int]
     fused_into: list[int | None] = [None] * n
     saved = [0] * n
     for layer in model.layers:
-        if layer.domain not in ("", "ai.onnx") or layer.op_type not in FUSABLE_OPS:
+        if not is_default_domain(layer.domain) or layer.op_type not in FUSABLE_OPS:
             continue
         for slot in layer.activation_slots():
             name = layer.inputs[slot]
@@ -366,7 +251,7 @@ def fusion_groups(model: Model) -> tuple[np.ndarray, list[int | None], list[int]
                 continue
             p, _ = producers[name]
             prod = model.layers[p]
-            if prod.op_type in _VIEWS and prod.domain in ("", "ai.onnx"):
+            if prod.op_type in VIEW_OPS and is_default_domain(prod.domain):
                 continue
             t = layer.input_types[slot]
             fused_into[layer.index] = p
@@ -697,189 +582,6 @@ def batch_what_if(
         if mr.name in result:
             mr.scenarios["batch"] = result[mr.name]
     return result
-
-
-# --------------------------------------------------------------------------- output
-
-
-def plot_roofline(analysis: RooflineAnalysis, path: str | os.PathLike[str] | None = None) -> bytes:
-    """Draw the roofline: measured layers as points, the ceilings as lines.
-
-    x is arithmetic intensity (FLOP/byte), y the achieved rate (layer FLOPs / measured
-    time), both logarithmic; the ceiling is ``min(peak, intensity x bandwidth)``.
-    Layers without FLOPs or without a measurement cannot be placed and are counted in
-    the title. Layers beating their bound are drawn with a red edge.
-
-    Args:
-        analysis: from :func:`analyze`.
-        path: also write the PNG here.
-
-    Returns:
-        The PNG bytes.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    peaks = analysis.peaks
-    fig = Figure(figsize=(8, 5.5), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    xs_all: list[float] = []
-    skipped = 0
-    for k, m in enumerate(analysis.models):
-        pts = [(r.intensity, r.cost.flops / r.measured_s / 1e9, r.beats_bound) for r in m.layers
-               if r.measured_s and r.cost.flops > 0 and math.isfinite(r.intensity)]
-        skipped += len(m.layers) - len(pts)
-        if not pts:
-            continue
-        x, y, flag = zip(*pts)
-        xs_all.extend(x)
-        colour = f"C{k % 10}"
-        ax.scatter(x, y, s=18, color=colour, alpha=0.75, label=m.name,
-                   edgecolors=["red" if f else colour for f in flag], linewidths=[1.5 if f else 0.5 for f in flag])
-    lo = min([*xs_all, peaks.ridge_point]) / 4
-    hi = max([*xs_all, peaks.ridge_point]) * 4
-    grid = np.geomspace(lo, hi, 200)
-    ax.plot(grid, np.minimum(peaks.gflops, grid * peaks.bandwidth_gbs), color="black", lw=1.5,
-            label=f"roofline ({peaks.gflops:.1f} GFLOP/s, {peaks.bandwidth_gbs:.1f} GB/s)")
-    ax.axvline(peaks.ridge_point, color="grey", lw=0.8, ls=":")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("achieved GFLOP/s")
-    ax.set_title(f"roofline, {peaks.threads} thread(s)" + (f"; {skipped} layers not placed" if skipped else ""))
-    ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    data = buf.getvalue()
-    if path is not None:
-        write_atomically(path, data)
-    return data
-
-
-def to_dict(
-    analysis: RooflineAnalysis,
-    *,
-    headroom: Sequence[Mapping[str, Any]] = (),
-    brick_headroom_by_g: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
-    png: bytes | None = None,
-    context: Mapping[str, Any] | None = None,
-    per_layer: bool = True,
-) -> dict[str, Any]:
-    """The JSON form (``schema_version`` 1): ``peaks``, ``models`` (one dict per
-    model, with its ``scenarios`` and, with ``per_layer``, its ``layers``),
-    ``headroom``, ``brick_headroom`` (by G), ``beats_bound`` and, when a plot was
-    drawn, ``plot_png_base64``."""
-    d: dict[str, Any] = {
-        "schema_version": ROOFLINE_SCHEMA_VERSION,
-        "context": dict(context or {}),
-        "peaks": analysis.peaks.to_dict(),
-        "noise": analysis.noise,
-        "models": [m.to_dict(per_layer=per_layer) for m in analysis.models],
-        "headroom": [dict(h) for h in headroom],
-        "brick_headroom": {str(g): [dict(h) for h in v] for g, v in (brick_headroom_by_g or {}).items()},
-        "beats_bound": [
-            {"model": r.model, **{k: v for k, v in r.to_dict().items()
-                                  if k in ("index", "name", "kind", "limit", "bound_s", "measured_s",
-                                           "efficiency", "cause", "reasons")}}
-            for r in analysis.beats_bound()
-        ],
-    }
-    if png is not None:
-        d["plot_png_base64"] = base64.b64encode(png).decode("ascii")
-    return d
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.3f}"
-
-
-def _x(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def format_text(
-    analysis: RooflineAnalysis,
-    headroom: Sequence[Mapping[str, Any]] = (),
-    brick_headroom_by_g: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
-    *,
-    max_flagged: int = 10,
-) -> str:
-    """The human-readable tables: peaks, models, scenarios, headroom, and the layers
-    that beat their bound (the ``max_flagged`` most efficient of them, with a count
-    per cause)."""
-    p = analysis.peaks
-    lines = [
-        f"peaks: {p.gflops:.1f} GFLOP/s, {p.bandwidth_gbs:.1f} GB/s, ridge {p.ridge_point:.1f} FLOP/B "
-        f"({p.threads} thread(s){', quick' if p.quick else ''})",
-        "",
-        f"{'model':<22} {'layers':>6} {'measured ms':>11} {'source':<11} {'ideal seq':>9} {'ideal cp':>9} "
-        f"{'eff':>6} {'missing':>7} {'>bound':>6}",
-    ]
-    for m in analysis.models:
-        eff = "-" if m.efficiency is None else f"{m.efficiency:.3f}"
-        lines.append(
-            f"{m.name[:22]:<22} {len(m.layers):>6} {_ms(m.measured_s):>11} {(m.measured_source or '-'):<11} "
-            f"{_ms(m.ideal_sequential_s):>9} {_ms(m.ideal_critical_path_s):>9} {eff:>6} {m.layers_missing:>7} "
-            f"{sum(r.beats_bound for r in m.layers):>6}"
-        )
-    lines += ["", "what-if (latency ms / speedup over the layer sum)",
-              f"{'model':<22} {'layer sum':>9} {'at bound':>16} {'parallel':>16} {'fused':>16} {'fused bound':>16} "
-              f"{'batch (per sample)':>24}"]
-    for m in analysis.models:
-        s = m.scenarios
-        ab, pb, fu = s["at_bound"], s["parallel_branches"], s["fusion"]
-        bt = s.get("batch")
-        if bt is None:
-            batch = "-"
-        elif not bt["rebatchable"]:
-            batch = f"N={bt['batch']}: not re-batchable"
-        else:
-            batch = f"N={bt['batch']}: {_ms(bt['per_sample_latency_s'])} {_x(bt['per_sample_speedup'])}"
-        lines.append(
-            f"{m.name[:22]:<22} {_ms(m.layer_sum_s):>9} "
-            f"{_ms(ab['latency_s']) + ' ' + _x(ab['speedup']):>16} "
-            f"{_ms(pb['latency_s']) + ' ' + _x(pb['speedup']):>16} "
-            f"{_ms(fu['latency_s']) + ' ' + _x(fu['speedup']):>16} "
-            f"{_ms(fu['bound_latency_s']) + ' ' + _x(fu['bound_speedup']):>16} {batch:>24}"
-        )
-    for m in analysis.models:
-        bt = m.scenarios.get("batch")
-        if bt is not None and not bt["rebatchable"]:
-            lines.append(f"  {bt['error']}")
-    if headroom:
-        lines += ["", "headroom: unique layers by (measured - bound) x occurrences",
-                  f"{'kind':<20} {'occ':>4} {'measured ms':>11} {'bound ms':>9} {'eff':>6} {'total ms':>9}  example"]
-        for h in headroom:
-            eff = "-" if h["efficiency"] is None else f"{h['efficiency']:.3f}"
-            lines.append(
-                f"{h['kind'][:20]:<20} {h['occurrences']:>4} {_ms(h['measured_s']):>11} {_ms(h['bound_s']):>9} "
-                f"{eff:>6} {_ms(h['total_headroom_s']):>9}  {h['example']}"
-            )
-    for g, rows in (brick_headroom_by_g or {}).items():
-        lines += ["", f"headroom: unique bricks at G={g}",
-                  f"{'kinds':<32} {'occ':>4} {'measured ms':>11} {'bound ms':>9} {'total ms':>9}"]
-        for h in rows:
-            lines.append(
-                f"{'+'.join(h['kinds'])[:32]:<32} {h['occurrences']:>4} {_ms(h['measured_s']):>11} "
-                f"{_ms(h['bound_s']):>9} {_ms(h['total_headroom_s']):>9}"
-            )
-    flagged = analysis.beats_bound()
-    if flagged:
-        counts: dict[str, int] = {}
-        for r in flagged:
-            counts[r.cause or "?"] = counts.get(r.cause or "?", 0) + 1
-        lines += ["", f"{len(flagged)} layer(s) beat their bound (efficiency > 1 + noise), by likely cause: "
-                      + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))]
-        shown = sorted(flagged, key=lambda r: -(r.efficiency or 0.0))[:max_flagged]
-        for r in shown:
-            lines.append(f"  {r.model}:{r.name} ({r.kind}, {r.limit}-bound) efficiency {r.efficiency:.2f}: "
-                         f"{r.reasons[0] if r.reasons else ''}")
-        if len(flagged) > len(shown):
-            lines.append(f"  ... and {len(flagged) - len(shown)} more (see --json)")
-    return "\n".join(lines) + "\n"
 
 
 def check_models(models: Sequence[Model]) -> None:

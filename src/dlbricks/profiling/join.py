@@ -195,15 +195,13 @@ def join_layers(
                 succs_l[s].append(d)
 
     def consistent(li: int, g: int) -> bool:
-        for p in preds_l[li]:
-            h = assign.get(p)
-            if h is not None and h != g and not reaches(h, g):
-                return False
-        for s in succs_l[li]:
-            h = assign.get(s)
-            if h is not None and h != g and not reaches(g, h):
-                return False
-        return True
+        """Whether joining layer ``li`` to kernel ``g`` keeps each joined producer
+        upstream of ``g`` and each joined consumer downstream of it."""
+        ups = (assign.get(p) for p in preds_l[li])
+        downs = (assign.get(s) for s in succs_l[li])
+        return all(h is None or h == g or reaches(h, g) for h in ups) and all(
+            h is None or h == g or reaches(g, h) for h in downs
+        )
 
     # 1c. op type and output shape
     shapes = output_shapes or {}

@@ -9,15 +9,26 @@ from typing import Any, Mapping
 __all__ = ["fmt_pct", "fmt_us", "render_profile"]
 
 
+_TIME_UNITS = ((1e6, " s"), (1e3, " ms"), (1.0, " us"))
+_COUNT_UNITS = ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
+
+
+def _scaled(v: Any, units: tuple[tuple[float, str], ...]) -> str:
+    """``v`` to 3 significant digits in the largest of ``units`` it reaches (the
+    last one below them all); ``-`` when it is no finite number."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return "-"
+    if not math.isfinite(x):
+        return "-"
+    factor, suffix = next(((f, s) for f, s in units if abs(x) >= f), units[-1])
+    return f"{x / factor:.3g}{suffix}"
+
+
 def fmt_us(us: float | None) -> str:
     """Microseconds in the largest unit that keeps them readable (``-`` when unknown)."""
-    if us is None or not math.isfinite(us):
-        return "-"
-    if abs(us) >= 1e6:
-        return f"{us / 1e6:.3g} s"
-    if abs(us) >= 1e3:
-        return f"{us / 1e3:.3g} ms"
-    return f"{us:.3g} us"
+    return _scaled(us, _TIME_UNITS)
 
 
 def fmt_pct(x: float | None) -> str:
@@ -160,12 +171,4 @@ def _fmt_counter(name: str, v: float) -> str:
 
 
 def _fmt_count(v: float) -> str:
-    if not isinstance(v, (int, float)) or not math.isfinite(v):
-        return "-"
-    if abs(v) >= 1e9:
-        return f"{v / 1e9:.3g}G"
-    if abs(v) >= 1e6:
-        return f"{v / 1e6:.3g}M"
-    if abs(v) >= 1e3:
-        return f"{v / 1e3:.3g}k"
-    return f"{v:.3g}"
+    return _scaled(v, _COUNT_UNITS)

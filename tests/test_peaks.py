@@ -66,6 +66,14 @@ def test_pinned_measurement_records_cores_and_restores_affinity():
     assert os.sched_getaffinity(0) == before
 
 
+def test_measuring_leaves_the_threads_fp_state_alone():
+    from dlbricks.timing.fpenv import denormals_flushed
+
+    flushed = denormals_flushed()
+    measure_peaks(threads=1, quick=True)
+    assert denormals_flushed() == flushed
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="threads"):
         measure_peaks(threads=0, quick=True)

@@ -191,6 +191,21 @@ def test_parse_ort_profile_keeps_the_last_runs_and_their_kernels():
         parse_ort_profile(events, 4)
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
+def test_timed_intervals_follow_each_other_and_pinning_is_undone():
+    from dlbricks.profiling.sessions import prepared, timed_intervals
+    from dlbricks.timing.fpenv import denormals_flushed
+
+    before, flushed = os.sched_getaffinity(0), denormals_flushed()
+    cfg = RunnerConfig(intra_op_threads=1, cores=(min(before),))
+    with prepared(tiny_net().SerializeToString(), cfg) as (_, bound):
+        assert os.sched_getaffinity(0) == {min(before)}
+        intervals = timed_intervals(bound, 5)
+    assert os.sched_getaffinity(0) == before and denormals_flushed() == flushed
+    assert len(intervals) == 5 and all(a < b for a, b in intervals)
+    assert all(end <= start for (_, end), (start, _) in zip(intervals, intervals[1:]))
+
+
 # --------------------------------------------------------------------------- the join
 
 

@@ -155,7 +155,9 @@ def runtime_models(
     level: str | None = None,
     input_shapes: dict | None = None,
 ) -> list[Model]:
-    """Reload each model as the graph onnxruntime executes (same names, ``path`` kept).
+    """Reload each model as the graph onnxruntime executes, under the same name.
+
+    The reloaded models have no ``path``: the file holds the source graph, not this one.
 
     Args:
         models: loaded models, each with its file.

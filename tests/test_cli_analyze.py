@@ -200,6 +200,55 @@ def test_a_symbolic_batch_dim_is_set_to_one_with_a_warning(capsys, tmp_path):
 # -- bad input -----------------------------------------------------------------------------------
 
 
+def _if_model() -> onnx.ModelProto:
+    """Control flow, which the fast path leaves to the full loader by design."""
+    then_g = h.make_graph([h.make_node("Relu", ["r"], ["t"])], "then", [], [_vi("t", [1, 8])])
+    else_g = h.make_graph([h.make_node("Neg", ["r"], ["e"])], "else", [], [_vi("e", [1, 8])])
+    nodes = [
+        h.make_node("Sigmoid", ["x"], ["r"]),
+        h.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g),
+    ]
+    return _model(nodes, [_vi("x", [1, 8]), _vi("c", [], T.BOOL)], [_vi("y", [1, 8])], name="branchy")
+
+
+def test_json_names_each_fast_path_fallback_and_why(capsys, tmp_path, monkeypatch):
+    onnx.save(_conv_net(0), tmp_path / "plain.onnx")
+    onnx.save(_if_model(), tmp_path / "branchy.onnx")
+    result, err = analyze_json(capsys, tmp_path)
+    assert err == "" and len(result["models"]) == 2
+    timing = result["timing"]
+    assert timing["fast_path_fallback_count"] == 1 and timing["fast_path_unexpected_count"] == 0
+    [fallback] = timing["fast_path_fallbacks"]
+    assert fallback == {"model": str(tmp_path / "branchy.onnx"),
+                        "reason": "control flow or a subgraph attribute", "expected": True}
+
+    # A fast-path bug (here: a step that raises) still loads the model, the slow way,
+    # and is counted apart, with the exception's type and message.
+    from dlbricks.loading import fast
+
+    def broken(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(fast, "_since_versions", broken)
+    result, _ = analyze_json(capsys, tmp_path / "plain.onnx")
+    assert len(result["models"]) == 1 and result["timing"]["fast_path_unexpected_count"] == 1
+    [fallback] = result["timing"]["fast_path_fallbacks"]
+    assert fallback["expected"] is False and fallback["reason"] == "prepare: RuntimeError: boom"
+
+
+def test_verbose_says_on_stderr_which_models_left_the_fast_path(capsys, tmp_path):
+    onnx.save(_conv_net(0), tmp_path / "plain.onnx")
+    onnx.save(_if_model(), tmp_path / "branchy.onnx")
+    code, out, err = analyze(capsys, tmp_path, "-v")
+    assert code == 0 and "branchy" in out
+    assert err.splitlines() == [
+        "dlbricks: fast path: 1 of 2 models; 1 to the full loader (0 unexpected)",
+        f"dlbricks: fast path left {tmp_path / 'branchy.onnx'}: control flow or a subgraph attribute",
+    ]
+    _, _, quiet = analyze(capsys, tmp_path)
+    assert quiet == ""
+
+
 def _bad_models() -> dict[str, tuple[onnx.ModelProto | bytes, str]]:
     """File stem -> (content, a word of the cause its message must give)."""
     x = [_vi("x", [2])]

@@ -67,17 +67,23 @@ def shipped_models() -> list[Path]:
 def test_fast_and_full_loaders_agree_on_every_model_onnx_ships():
     fast_count = 0
     for path in shipped_models():
+        fallbacks = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 full = full_load(path)
             except ModelError:
                 with pytest.raises(ModelError):  # the fast path never accepts what the full one rejects
-                    loader.load(path)
+                    loader.load(path, on_fallback=fallbacks.append)
+                assert len(fallbacks) == 1 and fallbacks[0].expected, fallbacks
                 continue
-            fast = loader.load(path)
+            fast = loader.load(path, on_fallback=fallbacks.append)
         assert_same(fast, full)
         fast_count += is_fast(fast)
+        # Each model the fast path leaves is named once, with a reason that is not a
+        # fast-path exception.
+        assert len(fallbacks) == (not is_fast(fast)) and all(f.expected and f.reason for f in fallbacks), fallbacks
+        assert all(f.model == os.fspath(path) for f in fallbacks)
     assert fast_count >= 100
 
 
@@ -803,27 +809,34 @@ def _mixed_corpus(tmp_path: Path) -> list[Path]:
 def test_iter_load_gives_what_load_gives_file_by_file(tmp_path, batch_models, batch_bytes):
     files = _mixed_corpus(tmp_path)
     got = []
+    fell_back = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for path, model, error in loader.iter_load(files, batch_models=batch_models, batch_bytes=batch_bytes):
-            # A model's warnings come while it is yielded, not with the batch.
-            got.append((path, model, error, [str(w.message) for w in caught]))
+        for path, model, error in loader.iter_load(files, batch_models=batch_models, batch_bytes=batch_bytes,
+                                                   on_fallback=fell_back.append):
+            # A model's warnings and fallback come while it is yielded, not with the batch.
+            got.append((path, model, error, [str(w.message) for w in caught], fell_back[:]))
             caught.clear()
+            fell_back.clear()
     assert [g[0] for g in got] == files
-    for path, model, error, said in got:
+    for path, model, error, said, fallbacks in got:
+        alone_fallbacks = []
         with warnings.catch_warnings(record=True) as alone:
             warnings.simplefilter("always")
             try:
-                want, want_error = loader.load(path), None
+                want, want_error = loader.load(path, on_fallback=alone_fallbacks.append), None
             except ModelError as exc:
                 want, want_error = None, exc
         assert said == [str(w.message) for w in alone]
+        assert fallbacks == alone_fallbacks
         if want_error is not None:
             assert model is None and str(error) == str(want_error)
             continue
         assert error is None and is_fast(model) == is_fast(want)
         assert_same(model, want)
     assert "symbolic batch" in got[files.index(tmp_path / "sym.onnx")][3][0]
+    assert [f.reason for f in got[files.index(tmp_path / "if.onnx")][4]] == ["control flow or a subgraph attribute"]
+    assert got[files.index(tmp_path / "bad.onnx")][4][0].reason.startswith("malformed protobuf bytes")
     assert is_fast(got[-1][1])  # the mapped file took the fast path
 
 

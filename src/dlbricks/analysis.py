@@ -7,7 +7,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -15,17 +15,48 @@ from dlbricks.corpus import Corpus
 from dlbricks.errors import DlbricksError, ModelError, UsageError
 from dlbricks.model import Model, name_distinctly
 
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.loading import FastPathFallback
+
 SCHEMA_VERSION = 1
 
 
 @dataclass(slots=True)
 class LoadedCorpus:
-    """Models that loaded, and one error line per model that did not."""
+    """Models that loaded, one error line per model that did not, and the models the
+    fast path left to the full loader (``fallbacks``; None where the loader used does
+    not report them)."""
 
     models: list[Model]
     errors: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     load_s: float = 0.0
+    fallbacks: list[FastPathFallback] | None = None
+
+    def fast_path_report(self) -> dict:
+        """The ``timing`` keys on the fast path: every fallback (model, reason, whether
+        expected) and their counts; None values when fallbacks were not recorded."""
+        if self.fallbacks is None:
+            return {"fast_path_fallbacks": None, "fast_path_fallback_count": None, "fast_path_unexpected_count": None}
+        return {
+            "fast_path_fallbacks": [f.as_dict() for f in self.fallbacks],
+            "fast_path_fallback_count": len(self.fallbacks),
+            "fast_path_unexpected_count": sum(not f.expected for f in self.fallbacks),
+        }
+
+    def fast_path_lines(self) -> list[str]:
+        """One line for the fast path's share, then one per model it left (``-v``)."""
+        if self.fallbacks is None:
+            return ["fast path: fallbacks not recorded by this loader"]
+        total = len(self.models) + len(self.errors)
+        unexpected = sum(not f.expected for f in self.fallbacks)
+        lines = [
+            f"fast path: {total - len(self.fallbacks)} of {total} models; {len(self.fallbacks)} "
+            f"to the full loader ({unexpected} unexpected)"
+        ]
+        for f in self.fallbacks:
+            lines.append(f"fast path {'failed on' if not f.expected else 'left'} {f.model}: {f.reason}")
+        return lines
 
     def add_warnings(self, lines: Sequence[str], on_warning: Callable[[str], None] | None) -> None:
         """Record one model's loader warnings, passing each to ``on_warning`` as well."""
@@ -86,13 +117,13 @@ def load_corpus(
     from dlbricks.loading import iter_load
 
     files = model_files(paths)
-    out = LoadedCorpus(models=[])
+    out = LoadedCorpus(models=[], fallbacks=[])
     start = time.perf_counter()
     # One recording context for the whole corpus (entering one per model cost more than
     # loading a small model's statistics), drained after each model.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for f, model, error in iter_load(files, input_shapes):
+        for f, model, error in iter_load(files, input_shapes, on_fallback=out.fallbacks.append):
             if error is not None:
                 if strict:
                     raise error
@@ -184,3 +215,8 @@ def render_analysis(result: dict, errors: Sequence[dict[str, str]] = ()) -> str:
 
 def print_err(line: str) -> None:
     print(f"dlbricks: warning: {line}", file=sys.stderr)
+
+
+def print_info(line: str) -> None:
+    """A ``-v`` diagnostic line on stderr."""
+    print(f"dlbricks: {line}", file=sys.stderr)

@@ -20,12 +20,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-G", default="1,2,3", metavar="LIST", help="granularities, e.g. 1,2,3 or 1-5 (default 1,2,3)")
     p.add_argument("--ray", metavar="ADDRESS",
                    help="parse the models as Ray tasks on the cluster at ADDRESS (host:port, auto or local)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say on stderr which models the fast path left to the full loader, and why")
     add_output_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dlbricks.analysis import analyze, load_corpus, print_err, render_analysis
+    from dlbricks.analysis import analyze, load_corpus, print_err, print_info, render_analysis
 
     Gs = parse_g_list(args.G)
     shapes = parse_input_shapes(args.input_shape)
@@ -39,8 +41,12 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
     for e in loaded.errors:
         print_err(f"skipped {e['error']}")
+    if args.verbose:
+        for line in loaded.fast_path_lines():
+            print_info(line)
     result = analyze(loaded.models, Gs)
     result["errors"] = loaded.errors
     result["timing"]["load_s"] = loaded.load_s
+    result["timing"].update(loaded.fast_path_report())
     emit(args, None if args.json else render_analysis(result, loaded.errors), result)
     return 0

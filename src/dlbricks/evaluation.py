@@ -17,6 +17,7 @@ from dlbricks.corpus import Corpus
 from dlbricks.errors import DlbricksError
 from dlbricks.model import distinct_names, layer_kinds
 from dlbricks.reconstruct import geomean, predict
+from dlbricks.timing.calibration import call_overhead_ns
 from dlbricks.versions import brick_digest_version, model_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,13 +111,14 @@ def evaluate(
     ]
     per_g = []
     bricks_out: list[dict] = []
+    overhead = call_overhead_ns(store, system_id, config_key) if config.call_overhead else None
     e2e_total = sum(e2e_s)
     e2e_wall = sum(_wall_s(rec) for rec in e2e)
     # Kinds without building Layer objects: a fast-loaded model has them already.
     kinds = [layer_kinds(m.layers) for m in models]
     for G in Gs:
         per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key,
-                            n_boot=n_boot, seed=seed, corpus=corpus, names=names)
+                            n_boot=n_boot, seed=seed, corpus=corpus, names=names, call_overhead_ns=overhead)
         norm_seq, norm_par, pred_seq = [], [], []
         for i, preds in enumerate(per_model):
             e = e2e_s[i]
@@ -190,6 +192,7 @@ def evaluate(
         "config_key": config_key,
         "config": config.to_dict(),
         "G": list(Gs),
+        "call_overhead_ns": overhead,
         "per_g": per_g,
         "models": rows,
         "bricks": bricks_out,

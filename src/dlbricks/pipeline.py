@@ -24,6 +24,7 @@ from dlbricks.corpus import Corpus
 from dlbricks.evaluation import evaluate
 from dlbricks.model import Model, ModelLike, layer_kinds
 from dlbricks.progress import Progress
+from dlbricks.timing import calibration
 from dlbricks.timing.engine import EngineItem, Group, measure
 from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.versions import brick_digest_version, model_digest_version
@@ -217,9 +218,15 @@ def bench(
         bar.set_total(len(todo))
         engine_items = [_engine_item(w, out, brick_dirs, seed) for w in todo]
         kinds = {f"{w.kind}:{w.digest}": (w.kind, w.digest) for w in todo}
+        probes: dict[str, Measurement | Failure] = {}
+        if bricks and config.call_overhead and (force or calibration.stored(store, system_id, config_key) is None):
+            engine_items += calibration.probe_items(seed)
         done = [0]
 
         def on_result(item: EngineItem, result: Measurement | Failure) -> None:
+            if item.id not in kinds:  # a calibration probe: recorded below, not a brick
+                probes[item.id] = result
+                return
             kind, d = kinds[item.id]
             store.put_result(kind, d, bver if kind == "brick" else mver, system_id, config_key, result)
             ok = isinstance(result, Measurement)
@@ -243,6 +250,8 @@ def bench(
                     path.unlink()
 
         measure(engine_items, precision_groups(models, Gs, todo), config, on_result=on_result, jobs=jobs)
+        if probes:
+            calibration.record(store, system_id, config_key, probes)
         summary.generate_s = sum(it.prep_s for it in engine_items)
     summary.wall_s = time.perf_counter() - start
     return summary

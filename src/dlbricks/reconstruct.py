@@ -109,6 +109,7 @@ def predict(
     seed: int = 0,
     corpus: Corpus | None = None,
     names: Sequence[str] | None = None,
+    call_overhead_ns: float | None = None,
 ) -> list[list[Prediction]]:
     """:func:`reconstruct`, grouped by model: ``out[i]`` holds model ``i``'s prediction
     per mode, in the order of ``modes``. ``names`` label the predictions (default: the
@@ -134,19 +135,24 @@ def predict(
     rng = np.random.default_rng(seed)
     medians = np.array([records[d].median_ns for d in digests], dtype=np.float64)
     boots = np.stack([result_replicates(records[d], n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
+    overhead = float(call_overhead_ns or 0.0)
+    if overhead > 0:
+        # Each brick paid one call's fixed cost; the model pays it once (added below).
+        medians = np.maximum(medians - overhead, 0.0)
+        boots = np.maximum(boots - overhead, 0.0)
     out: list[list[Prediction]] = []
     for i, model in enumerate(models):
         seq_ids = sp.model_seq_ids(i)
         per_mode = []
         for mode in modes:
             if mode == "sequential":
-                point = float(medians[seq_ids].sum())
-                reps = boots[seq_ids].sum(axis=0)
+                point = float(medians[seq_ids].sum()) + overhead
+                reps = boots[seq_ids].sum(axis=0) + overhead
             else:
                 src, dst = sequence_graph(model, sp.model_split(i))
                 sg = Graph(np.zeros((len(seq_ids), 16), np.uint8), src, dst)
-                point = float(critical_path(sg, medians[seq_ids])[0])
-                reps = np.array([critical_path(sg, boots[seq_ids, b])[0] for b in range(n_boot)])
+                point = float(critical_path(sg, medians[seq_ids])[0]) + overhead
+                reps = np.array([critical_path(sg, boots[seq_ids, b])[0] for b in range(n_boot)]) + overhead
             lo, hi = np.percentile(reps, [2.5, 97.5])
             per_mode.append(
                 Prediction(names[i], G, mode, point * 1e-9, float(lo) * 1e-9, float(hi) * 1e-9,
@@ -167,6 +173,7 @@ def reconstruct(
     n_boot: int = 400,
     seed: int = 0,
     corpus: Corpus | None = None,
+    call_overhead_ns: float | None = None,
 ) -> list[Prediction]:
     """Predict each model's latency from its bricks' stored medians.
 
@@ -183,6 +190,8 @@ def reconstruct(
         n_boot: bootstrap replicates.
         seed: seed of the bootstrap.
         corpus: the models' :class:`Corpus`, when the caller has one already.
+        call_overhead_ns: one call's fixed cost (:mod:`dlbricks.timing.calibration`):
+            subtracted from every brick and counted once per model (None: no correction).
 
     Returns:
         one :class:`Prediction` per model and mode, model by model.
@@ -192,7 +201,7 @@ def reconstruct(
         DlbricksError: an unknown mode.
     """
     per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key, modes=modes,
-                        n_boot=n_boot, seed=seed, corpus=corpus)
+                        n_boot=n_boot, seed=seed, corpus=corpus, call_overhead_ns=call_overhead_ns)
     return [p for preds in per_model for p in preds]
 
 

@@ -98,6 +98,18 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (digest, digest_version)
     );
     """,
+    # Machine calibrations measured with the results they correct (the fixed cost of
+    # one call, timing.calibration), per system and configuration.
+    """
+    CREATE TABLE calibrations (
+        system_id  TEXT NOT NULL REFERENCES systems(id),
+        config_key TEXT NOT NULL REFERENCES configs(key),
+        name       TEXT NOT NULL,
+        value      TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (system_id, config_key, name)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Columns of a flat result row (exports, dataframes); times and JSON blobs excluded.
@@ -360,6 +372,22 @@ class Store:
         sid = fingerprint_id(fingerprint)
         self._write([(_SQL_SYSTEM, (sid, json.dumps(fingerprint, sort_keys=True), _now()))])
         return sid
+
+    def put_calibration(self, system_id: str, config_key: str, name: str, value: Mapping[str, Any]) -> None:
+        """Record (replace) a calibration of this system and configuration, e.g.
+        ``"call_overhead"`` (see :mod:`dlbricks.timing.calibration`)."""
+        self._write([(
+            "INSERT OR REPLACE INTO calibrations (system_id, config_key, name, value, created_at) VALUES (?, ?, ?, ?, ?)",
+            (system_id, config_key, name, json.dumps(dict(value), sort_keys=True), _now()),
+        )])
+
+    def get_calibration(self, system_id: str, config_key: str, name: str) -> dict[str, Any] | None:
+        """A calibration recorded with :meth:`put_calibration`, or None."""
+        row = self._con.execute(
+            "SELECT value FROM calibrations WHERE system_id = ? AND config_key = ? AND name = ?",
+            (system_id, config_key, name),
+        ).fetchone()
+        return json.loads(row[0]) if row else None
 
     def put_config(self, config: RunnerConfig) -> str:
         """Record a runner configuration; returns its key."""

@@ -159,6 +159,9 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="warm: a burst starts with a discarded run, so the timed runs find the brick cached; "
                         "cold: every run has other sessions' runs before it, which evict its weights, and its "
                         "inputs are read just before it (default warm)")
+    e.add_argument("--no-call-overhead", action="store_true",
+                   help="do not correct for each brick's fixed per-call cost (calibrated on this machine by two "
+                        "probe models; by default it is counted once per model instead of once per brick)")
     e.add_argument("--memory-budget", type=positive_int, default=0, metavar="MB",
                    help="most memory the measured sessions may hold at once (default: half the available)")
     g.add_argument("--allow-denormals", action="store_true", help="do not flush denormals to zero")
@@ -222,6 +225,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> "RunnerConfig":
             max_rounds=max(args.max_rounds, args.min_rounds),
             cache_state=args.cache_state,
             memory_budget_mb=args.memory_budget,
+            call_overhead=not args.no_call_overhead,
         )
     except DlbricksError as exc:
         # RunnerConfig rejects impossible settings with a DlbricksError: the user's to

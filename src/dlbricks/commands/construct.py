@@ -41,12 +41,19 @@ def run(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         if args.measure_missing:
             bench(models, [args.G], store=store, config=config, seed=args.seed, progress=True)
+        system_id = fingerprint_id(system_fingerprint())
+        overhead = None
+        if config.call_overhead:
+            from dlbricks.timing.calibration import call_overhead_ns
+
+            overhead = call_overhead_ns(store, system_id, config.key())
         preds = reconstruct(
             models,
             args.G,
             store=store,
-            system_id=fingerprint_id(system_fingerprint()),
+            system_id=system_id,
             config_key=config.key(),
+            call_overhead_ns=overhead,
             modes=[args.mode],
             n_boot=args.bootstrap,
             seed=args.seed,

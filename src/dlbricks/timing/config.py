@@ -71,6 +71,10 @@ class RunnerConfig:
             iterations gets them over more rounds.
         memory_budget_mb: the most memory the engine's sessions may hold at once
             (0: half of the memory available at start).
+        call_overhead: reconstruction counts one call's fixed cost once per model, not
+            once per brick: it is calibrated on this machine by two probe models
+            measured with the bricks (:mod:`dlbricks.timing.calibration`), subtracted
+            from every brick and added once. Changes no measurement, so it keys no result.
     """
 
     intra_op_threads: int = 1
@@ -92,6 +96,7 @@ class RunnerConfig:
     cache_state: str = "warm"
     burst_s: float = 0.02
     memory_budget_mb: int = 0
+    call_overhead: bool = True
 
     def __post_init__(self) -> None:
         if self.cores is not None:

@@ -1,0 +1,85 @@
+"""The fixed cost of one onnxruntime ``Run()`` on this machine, measured with the bricks.
+
+Every brick's time includes one call's fixed cost (entering the session, the executor's
+set-up, binding), which a whole model pays once, not once per brick: summed over a
+model's bricks it over-predicts models of many tiny layers. Two probe models measured
+in the same interleaved run as the bricks tell the fixed cost apart from the per-node
+cost: a chain of one ``Abs`` and a chain of nine on a one-element tensor. Per node:
+(t9 - t1) / 8; per call: t1 - per node. The result is stored per system and runner
+configuration (like the machine's peaks); nothing is fitted to the models evaluated.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.store import Store
+    from dlbricks.timing.engine import EngineItem
+    from dlbricks.timing.runner import Failure, Measurement
+
+__all__ = ["NAME", "PROBE_LENGTHS", "call_overhead_ns", "probe_items", "probe_model", "record", "stored"]
+
+#: The chain lengths of the two probes.
+PROBE_LENGTHS = (1, 9)
+#: The calibration's name in the store.
+NAME = "call_overhead"
+
+
+def probe_model(length: int) -> bytes:
+    """A chain of ``length`` ``Abs`` nodes on a float[1] tensor, serialized."""
+    from onnx import TensorProto, helper
+
+    names = ["x"] + [f"t{i}" for i in range(1, length)] + ["y"]
+    nodes = [helper.make_node("Abs", [names[i]], [names[i + 1]]) for i in range(length)]
+    graph = helper.make_graph(
+        nodes,
+        f"call_overhead_probe_{length}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def probe_items(seed: int = 0) -> list[EngineItem]:
+    """The probes as measurement-engine items (ids ``probe:<length>``)."""
+    from dlbricks.timing.engine import EngineItem
+
+    return [EngineItem(f"probe:{n}", probe_model(n), seed=seed, label=f"call-overhead probe ({n} nodes)")
+            for n in PROBE_LENGTHS]
+
+
+def call_overhead_from(t1_ns: float, t9_ns: float) -> float:
+    """The per-call cost from the two probes' latencies."""
+    per_node = max(0.0, (t9_ns - t1_ns) / (PROBE_LENGTHS[1] - PROBE_LENGTHS[0]))
+    return max(0.0, t1_ns - per_node)
+
+
+def record(store: Store, system_id: str, config_key: str, results: Mapping[str, Measurement | Failure]) -> None:
+    """Store the calibration from the probes' results (nothing when a probe failed)."""
+    from dlbricks.timing.runner import Measurement
+
+    meds = []
+    for n in PROBE_LENGTHS:
+        m = results.get(f"probe:{n}")
+        if not isinstance(m, Measurement):
+            return
+        meds.append(float(m.stats.median))
+    value: dict[str, Any] = {
+        "ns": call_overhead_from(*meds),
+        "probe_ns": dict(zip((str(n) for n in PROBE_LENGTHS), meds)),
+    }
+    store.put_calibration(system_id, config_key, NAME, value)
+
+
+def stored(store: Store, system_id: str, config_key: str) -> dict[str, Any] | None:
+    """The stored calibration, or None."""
+    return store.get_calibration(system_id, config_key, NAME)
+
+
+def call_overhead_ns(store: Store, system_id: str, config_key: str) -> float | None:
+    """The calibrated per-call cost (ns) for this system and configuration, or None."""
+    value = stored(store, system_id, config_key)
+    return None if value is None else float(value["ns"])

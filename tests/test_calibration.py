@@ -1,0 +1,73 @@
+"""Calibrating one call's fixed cost, and counting it once per model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from dlbricks.store import Store
+from dlbricks.timing import RunnerConfig, summarize
+from dlbricks.timing import calibration
+from dlbricks.timing.runner import Failure, Measurement
+
+SYSTEM = {"schema_version": 1, "cpu": {"model": "test"}, "hostname": "h"}
+CFG = RunnerConfig()
+
+
+def _m(ns: float) -> Measurement:
+    t = np.full(7, int(ns), dtype=np.int64)
+    return Measurement(times_ns=t, stats=summarize(t), config=CFG, warmup_iters=1, stop_reason="converged",
+                       setup_time_s=0.0, wall_time_s=0.0, denormal_input_fraction=0.0, denormal_output_fraction=0.0,
+                       denormal_fraction=0.0, denormals_as_zero=True, denormals_flushed=True, ort_version="0")
+
+
+def test_probes_are_valid_chains_that_onnxruntime_runs():
+    for n in calibration.PROBE_LENGTHS:
+        s = ort.InferenceSession(calibration.probe_model(n), providers=["CPUExecutionProvider"])
+        assert len(s.get_inputs()) == 1
+        assert s.run(None, {"x": np.array([-2.0], np.float32)})[0].tolist() == [2.0]
+
+
+def test_the_fixed_cost_is_the_short_probe_less_one_node_and_is_stored_per_system_and_config(tmp_path):
+    with Store(tmp_path / "s.sqlite") as st:
+        sid = st.put_system(SYSTEM)
+        key = st.put_config(CFG)
+        assert calibration.call_overhead_ns(st, sid, key) is None
+        calibration.record(st, sid, key, {"probe:1": _m(3000), "probe:9": _m(3000 + 8 * 250)})
+        assert calibration.call_overhead_ns(st, sid, key) == pytest.approx(2750)
+        other = st.put_config(RunnerConfig(intra_op_threads=2))
+        assert calibration.call_overhead_ns(st, sid, other) is None
+
+
+def test_a_failed_probe_records_no_calibration(tmp_path):
+    with Store(tmp_path / "s.sqlite") as st:
+        sid = st.put_system(SYSTEM)
+        key = st.put_config(CFG)
+        calibration.record(st, sid, key, {"probe:1": _m(3000), "probe:9": Failure("boom")})
+        assert calibration.stored(st, sid, key) is None
+
+
+def test_evaluate_counts_the_calibrated_cost_once_per_model(tmp_path):
+    from onnx import TensorProto, helper
+
+    from dlbricks.loading import load
+    from dlbricks.pipeline import evaluate
+    from dlbricks.versions import brick_digest_version
+
+    nodes = [helper.make_node(op, [a], [b]) for op, a, b in (("Relu", "x", "a"), ("Sigmoid", "a", "b"), ("Tanh", "b", "y"))]
+    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])])
+    model = load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    with Store(tmp_path / "s.sqlite") as st:
+        with_c = evaluate([model], [1], store=st, config=CFG, n_boot=50)
+        without = evaluate([model], [1], store=st, config=RunnerConfig(call_overhead=False), n_boot=50)
+        c = with_c["call_overhead_ns"]
+        assert c is not None and c > 0 and without["call_overhead_ns"] is None
+        assert without["config_key"] == with_c["config_key"]  # a reconstruction switch keys no result
+        medians = [st.get_result("brick", b["digest"], brick_digest_version(), with_c["system_id"],
+                                 with_c["config_key"]).median_ns for b in with_c["bricks"]]
+        plain = without["models"][0]["per_g"]["1"]["sequential"]["latency_s"]
+        corrected = with_c["models"][0]["per_g"]["1"]["sequential"]["latency_s"]
+        assert plain == pytest.approx(sum(medians) * 1e-9)
+        assert corrected == pytest.approx((sum(max(m - c, 0) for m in medians) + c) * 1e-9)

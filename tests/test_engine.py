@@ -268,3 +268,31 @@ def _worker_pids():
         if int(fields[3]) == me and b"dlbricks.timing.engine_worker" in cmd:
             pids.append(int(d))
     return pids
+
+
+class _Sleeper:
+    """A stand-in bound session whose run is descheduled time, not work."""
+
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        self.run_fn, self.run_args = (lambda a, b: time.sleep(seconds)), (None, None)
+
+
+def test_the_thread_clock_leaves_out_time_the_thread_was_descheduled():
+    import time
+
+    from dlbricks.timing.session import timed_runs
+
+    wall = timed_runs(_Sleeper(0.01), 3)
+    cpu = timed_runs(_Sleeper(0.01), 3, clock=time.thread_time_ns)
+    assert min(wall) >= 9_000_000 and max(cpu) < 2_000_000
+
+
+def test_the_clock_is_part_of_the_key_and_auto_resolves_by_thread_count():
+    assert RunnerConfig().measure_clock() == "thread"
+    assert RunnerConfig(intra_op_threads=2).measure_clock() == "wall"
+    assert RunnerConfig(clock="wall").key() != RunnerConfig().key()
+    assert RunnerConfig(clock="thread").key() == RunnerConfig().key()
+    with pytest.raises(Exception, match="clock 'thread'"):
+        RunnerConfig(intra_op_threads=2, clock="thread")

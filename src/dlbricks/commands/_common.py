@@ -159,6 +159,10 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="warm: a burst starts with a discarded run, so the timed runs find the brick cached; "
                         "cold: every run has other sessions' runs before it, which evict its weights, and its "
                         "inputs are read just before it (default warm)")
+    e.add_argument("--clock", choices=["auto", "wall", "thread"], default="auto",
+                   help="what a run's duration is read from: thread = the calling thread's CPU time, which "
+                        "leaves out time descheduled by other processes (one thread only); auto = thread when "
+                        "valid, else wall (default auto)")
     e.add_argument("--no-call-overhead", action="store_true",
                    help="do not correct for each brick's fixed per-call cost (calibrated on this machine by two "
                         "probe models; by default it is counted once per model instead of once per brick)")
@@ -226,6 +230,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> "RunnerConfig":
             cache_state=args.cache_state,
             memory_budget_mb=args.memory_budget,
             call_overhead=not args.no_call_overhead,
+            clock=args.clock,
         )
     except DlbricksError as exc:
         # RunnerConfig rejects impossible settings with a DlbricksError: the user's to

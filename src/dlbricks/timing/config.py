@@ -26,6 +26,8 @@ _IDENTITY_FIELDS = (
 )
 #: What a timed run finds in the caches (see RunnerConfig.cache_state).
 CACHE_STATES = ("warm", "cold")
+#: What a timed run's duration is read from (see RunnerConfig.clock).
+CLOCKS = ("auto", "wall", "thread")
 
 
 # --------------------------------------------------------------------------- config
@@ -71,6 +73,13 @@ class RunnerConfig:
             iterations gets them over more rounds.
         memory_budget_mb: the most memory the engine's sessions may hold at once
             (0: half of the memory available at start).
+        clock: what the measurement engine reads a run's duration from. ``"thread"``:
+            the calling thread's CPU time, which leaves out the time the thread was
+            descheduled, so a run preempted by another process on a shared host does not
+            read as slow (a long run is preempted far more often than a short one, which
+            would bias bricks against whole models); valid only when the kernels run on
+            the calling thread (one intra-op thread, sequential). ``"wall"``: elapsed
+            time. ``"auto"`` (default): thread when valid, else wall. Part of the key.
         call_overhead: reconstruction counts one call's fixed cost once per model, not
             once per brick: it is calibrated on this machine by two probe models
             measured with the bricks (:mod:`dlbricks.timing.calibration`), subtracted
@@ -97,6 +106,7 @@ class RunnerConfig:
     burst_s: float = 0.02
     memory_budget_mb: int = 0
     call_overhead: bool = True
+    clock: str = "auto"
 
     def __post_init__(self) -> None:
         if self.cores is not None:
@@ -131,6 +141,10 @@ class RunnerConfig:
             raise DlbricksError(
                 f"RunnerConfig: need 1 <= min_rounds <= max_rounds, got {self.min_rounds!r} and {self.max_rounds!r}"
             )
+        if self.clock not in CLOCKS:
+            raise DlbricksError(f"RunnerConfig: clock must be one of {CLOCKS}, got {self.clock!r}")
+        if self.clock == "thread" and not self._thread_clock_valid():
+            raise DlbricksError("RunnerConfig: clock 'thread' needs intra_op_threads=1 and sequential execution")
         if not float(self.burst_s) > 0 or int(self.memory_budget_mb) < 0:
             raise DlbricksError("RunnerConfig: burst_s must be > 0 and memory_budget_mb >= 0")
         if not self.timeout_s > 0:
@@ -159,6 +173,15 @@ class RunnerConfig:
             kwargs["cores"] = tuple(kwargs["cores"])
         return cls(**kwargs)
 
+    def _thread_clock_valid(self) -> bool:
+        return self.intra_op_threads == 1 and self.execution_mode == "sequential"
+
+    def measure_clock(self) -> str:
+        """The clock the engine uses: ``"thread"`` or ``"wall"`` (``auto`` resolved)."""
+        if self.clock == "auto":
+            return "thread" if self._thread_clock_valid() else "wall"
+        return self.clock
+
     def identity(self) -> dict[str, Any]:
         """The fields that change what is measured (see :meth:`key`).
 
@@ -169,6 +192,7 @@ class RunnerConfig:
         d = self.to_dict()
         ident = {k: d[k] for k in _IDENTITY_FIELDS}
         ident["cores"] = None if self.cores is None else len(self.cores)
+        ident["clock"] = self.measure_clock()
         return ident
 
     def key(self) -> str:

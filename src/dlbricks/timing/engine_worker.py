@@ -89,14 +89,14 @@ def _fraction(arrays: Any, count: Any) -> tuple[int, int]:
     return sum(count(a) for a in arrays), sum(int(np.size(a)) for a in arrays)
 
 
-def _warm_up(bound: Any, timed_runs: Any) -> tuple[int, float]:
+def _warm_up(bound: Any, timed_runs: Any, clock: Any) -> tuple[int, float]:
     """Run until the run time settles; returns (runs, the settled run time in s)."""
     times: list[int] = []
     deadline = time.perf_counter_ns() + int(_WARMUP_MAX_S * 1e9)
     steady = 0
     best = None
     while len(times) < _WARMUP_MAX_RUNS:
-        timed_runs(bound, 1, out=times)
+        timed_runs(bound, 1, out=times, clock=clock)
         t = times[-1]
         if best is not None and t <= best * (1 + _STEADY_TOLERANCE):
             steady += 1
@@ -125,6 +125,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     import onnxruntime  # noqa: F401  (paid before "ready", so on no session's clock)
 
     fenv = FloatEnv()
+    clock = time.thread_time_ns if config.measure_clock() == "thread" else time.perf_counter_ns
     sessions: dict[str, _Session] = {}
     conn.send(("ready", os.getpid()))
     while True:
@@ -149,7 +150,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 bound = bind(session, feeds)
                 if config.cores is not None and config.intra_op_threads > 1:
                     os.sched_setaffinity(0, {config.cores[0]})
-                warm_runs, run_s = _warm_up(bound, timed_runs)
+                warm_runs, run_s = _warm_up(bound, timed_runs, clock)
                 info = {
                     "slot": slot,
                     "setup_s": time.perf_counter() - t0,
@@ -178,7 +179,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 if warm or config.cache_state == "warm":
                     beacon.set(s.slot)
                     s.bound.run()  # restores the session's own working set in the caches
-                    timed_runs(s.bound, k, out=out[item_id])
+                    timed_runs(s.bound, k, out=out[item_id], clock=clock)
                 else:
                     cold.append((s, k, out[item_id]))
             # Pass j runs every cold session that wants more than j runs once, so two
@@ -188,7 +189,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 for s, _, times in cold:
                     beacon.set(s.slot)
                     _touch(s.inputs)
-                    timed_runs(s.bound, 1, out=times)
+                    timed_runs(s.bound, 1, out=times, clock=clock)
                 j += 1
                 cold = [entry for entry in cold if entry[1] > j]
             beacon.set(-1)

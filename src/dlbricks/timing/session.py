@@ -6,7 +6,7 @@ import contextlib
 import gc
 import os
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -192,7 +192,12 @@ def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
 
 
 def timed_runs(
-    bound: BoundSession, count: int = 0, *, until_ns: int = 0, out: list[int] | None = None
+    bound: BoundSession,
+    count: int = 0,
+    *,
+    until_ns: int = 0,
+    out: list[int] | None = None,
+    clock: Callable[[], int] = time.perf_counter_ns,
 ) -> list[int]:
     """The one timed loop: run ``bound`` at least ``count`` times and until
     ``time.perf_counter_ns()`` passes ``until_ns``, timing each run on its own.
@@ -207,12 +212,15 @@ def timed_runs(
         count: the fewest runs.
         until_ns: keep running until the clock passes this (0: ``count`` runs only).
         out: append the durations (ns) here instead of to a new list.
+        clock: what a duration is read from (``time.perf_counter_ns``, or
+            ``time.thread_time_ns`` for the calling thread's CPU time); ``until_ns``
+            is always a ``perf_counter_ns`` time.
 
     Returns:
         The list the durations were appended to.
     """
     run, (a, b) = bound.run_fn, bound.run_args
-    clock = time.perf_counter_ns
+    wall = time.perf_counter_ns
     times: list[int] = [] if out is None else out
     append = times.append
     gc_on = gc.isenabled()
@@ -222,13 +230,18 @@ def timed_runs(
             t0 = clock()
             run(a, b)
             append(clock() - t0)
-        if until_ns:
+        if until_ns and clock is wall:
             t1 = clock()
             while t1 < until_ns:
                 t0 = clock()
                 run(a, b)
                 t1 = clock()
                 append(t1 - t0)
+        elif until_ns:
+            while wall() < until_ns:
+                t0 = clock()
+                run(a, b)
+                append(clock() - t0)
     finally:
         if gc_on:
             gc.enable()

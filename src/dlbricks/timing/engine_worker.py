@@ -60,12 +60,13 @@ class _Beacon:
 
 
 class _Session:
-    __slots__ = ("bound", "inputs", "slot")
+    __slots__ = ("bound", "inputs", "run_s", "slot")
 
-    def __init__(self, bound: Any, inputs: list[np.ndarray], slot: int) -> None:
+    def __init__(self, bound: Any, inputs: list[np.ndarray], slot: int, run_s: float) -> None:
         self.bound = bound
         self.inputs = inputs
         self.slot = slot
+        self.run_s = run_s
 
 
 def _rss_bytes() -> int:
@@ -112,8 +113,7 @@ def _warm_up(bound: Any, timed_runs: Any, clock: Any) -> tuple[int, float]:
 def serve(conn: Connection, beacon: _Beacon) -> None:
     from dlbricks.errors import DlbricksError
     from dlbricks.timing.config import RunnerConfig
-    from dlbricks.timing.fpenv import FloatEnv, denormals_flushed
-    from dlbricks.timing.fpenv import count_denormals
+    from dlbricks.timing.fpenv import FloatEnv, count_denormals, denormals_flushed
     from dlbricks.timing.inputs import session_feeds
     from dlbricks.timing.session import bind, create_session, timed_runs
 
@@ -162,7 +162,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                     "denormals_in": _fraction(feeds.values(), count_denormals),
                     "denormals_out": _fraction(bound.outputs().values(), count_denormals),
                 }
-                sessions[item_id] = _Session(bound, [np.asarray(a) for a in feeds.values()], slot)
+                sessions[item_id] = _Session(bound, [np.asarray(a) for a in feeds.values()], slot, run_s)
                 conn.send(("opened", item_id, info))
             except Exception as exc:  # a bad brick is that brick's failure, not the worker's
                 text = str(exc) if isinstance(exc, DlbricksError) else f"{type(exc).__name__}: {exc}"
@@ -178,7 +178,11 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 s = sessions[item_id]
                 if warm or config.cache_state == "warm":
                     beacon.set(s.slot)
-                    s.bound.run()  # restores the session's own working set in the caches
+                    if s.run_s < config.burst_s:
+                        # Restores the session's own working set in the caches. A longer
+                        # run's working set outgrows them anyway (its own first layers are
+                        # evicted by its last ones), so a discarded run would only cost.
+                        s.bound.run()
                     timed_runs(s.bound, k, out=out[item_id], clock=clock)
                 else:
                     cold.append((s, k, out[item_id]))

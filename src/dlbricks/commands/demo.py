@@ -6,14 +6,13 @@ report, in one work folder, with progress on stderr and the summary on stdout.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import argparse
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlbricks.commands._common import add_runner_args, parse_g_list, runner_config
 
@@ -44,7 +43,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dlbricks.analysis import analyze, load_corpus, print_err
-    from dlbricks.bricks import generate_bricks
     from dlbricks.commands.evaluate import render_evaluation
     from dlbricks.evaluation import evaluate
     from dlbricks.report.html import build_report
@@ -79,13 +77,12 @@ def run(args: argparse.Namespace) -> int:
 
         step("runtime graph: optimising every model with onnxruntime")
         bricks_models = runtime_models(models, level=args.opt_level)
-    for G in Gs:
-        infos = generate_bricks(bricks_models, G, work / "bricks" / f"G{G}", seed=args.seed)
-        step(f"generate G={G}: {len(infos)} bricks -> {work / 'bricks' / f'G{G}'}")
+    # Bricks are generated in memory as the measurement engine opens their sessions
+    # (`dlbricks generate` writes them to files).
 
     store_path = Path(args.store) if args.store else work / "results.sqlite"
     with Store(store_path) as store:
-        step(f"bench + evaluate (store {store_path}); bricks already measured are reused")
+        step(f"generate, bench and evaluate (store {store_path}); bricks already measured are reused")
         result = evaluate(
             bricks_models,
             Gs,
@@ -94,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=True,
             e2e_models=models if args.runtime_graph else None,
-            brick_dirs=[work / "bricks" / f"G{G}" for G in Gs],
         )
         result["runtime_graph"] = bool(args.runtime_graph)
         (work / "evaluation.json").write_text(json.dumps(result, indent=1))
@@ -116,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _roofline(models: list, store: "Store", store_path: Path, config: "RunnerConfig") -> dict:
+def _roofline(models: list, store: Store, store_path: Path, config: RunnerConfig) -> dict:
     """Benanza-style bounds for the corpus from the G=1 results just measured."""
     from dlbricks.roofline import analysis as rl
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint

@@ -17,10 +17,10 @@ except ImportError as exc:  # pragma: no cover - only without a build
     raise ImportError(f"{exc}. The C++ extension is not built; run `pip install -e .`") from exc
 
 from dlbricks.corpus import Corpus, CorpusSplit
-from dlbricks.graph import Graph, Split, critical_path, sequence_graph, split, topo_order
-from dlbricks.versions import SEQUENCE_DIGEST_VERSION
 from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.graph import Graph, Split, critical_path, sequence_graph, split, topo_order
 from dlbricks.model import ConstInput, Layer, Model, TensorType
+from dlbricks.versions import SEQUENCE_DIGEST_VERSION
 
 # Heavier parts load on first use, so `import dlbricks` stays fast.
 _LAZY = {

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from dlbricks.commands._common import parse_input_shapes, positive_int
-from dlbricks.files import write_atomically
 from dlbricks.errors import UsageError
+from dlbricks.files import write_atomically
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     """
     from dlbricks.loading import load
     from dlbricks.profiling import ProfileOptions, parse_levels, profile_model, render_profile
-    from dlbricks.timing import RunnerConfig
     from dlbricks.profiling.tracing import OtelConfig, Recorder, to_jsonable
+    from dlbricks.timing import RunnerConfig
 
     levels = parse_levels(args.levels)
     if not os.path.isfile(args.path):

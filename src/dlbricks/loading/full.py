@@ -22,7 +22,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Literal, Mapping, Sequence, Union
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -49,8 +49,8 @@ _TYPE_FOLDED = frozenset({"Shape", "Size"})
 _MAX_INFERENCE_ROUNDS = 4
 _INJECT_MAX_ELEMENTS = 4096
 
-_Dims = tuple[Union[int, str, None], ...]
-_RawType = tuple[int, Union[_Dims, None]]  # elem_type, dims (None: unknown rank)
+_Dims = tuple[int | str | None, ...]
+_RawType = tuple[int, _Dims | None]  # elem_type, dims (None: unknown rank)
 
 
 def load_file(

@@ -9,7 +9,6 @@ from typing import Any, Mapping
 
 from dlbricks.errors import DlbricksError
 
-
 _EXECUTION_MODES = ("sequential", "parallel")
 _GRAPH_OPTIMIZATIONS = ("default", "disable", "basic", "extended", "all")
 # Fields of RunnerConfig that change *what* is measured (and so key stored results).

@@ -554,7 +554,7 @@ class _Engine:
         for w, plan in plans.items():
             expected[w] = sum((k + 1) * self.tracks[i].median * 1e-9 for i, k, _ in plan)
             self.worker(w).send(("round", plan))
-        for w, plan in plans.items():
+        for w in plans:
             wk = self.worker(w)
             limit = _ROUND_SLACK * expected[w] + self.config.timeout_s
             try:

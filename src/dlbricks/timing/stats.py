@@ -53,8 +53,8 @@ def median_ci_ranks(n: int, level: float = 0.95) -> tuple[int, int, bool]:
     ok = np.nonzero(2.0 * cdf <= (1.0 - level) + 1e-12)[0]
     if ok.size == 0:
         return 0, n - 1, False
-    l = int(ok[-1]) + 1  # 1-based rank of the lower bound
-    return l - 1, n - l, True
+    rank = int(ok[-1]) + 1  # 1-based rank of the lower bound
+    return rank - 1, n - rank, True
 
 
 @dataclass(frozen=True)

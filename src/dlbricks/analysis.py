@@ -117,13 +117,14 @@ def load_corpus(
     from dlbricks.loading import iter_load
 
     files = model_files(paths)
-    out = LoadedCorpus(models=[], fallbacks=[])
+    fallbacks: list[FastPathFallback] = []
+    out = LoadedCorpus(models=[], fallbacks=fallbacks)
     start = time.perf_counter()
     # One recording context for the whole corpus (entering one per model cost more than
     # loading a small model's statistics), drained after each model.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for f, model, error in iter_load(files, input_shapes, on_fallback=out.fallbacks.append):
+        for f, model, error in iter_load(files, input_shapes, on_fallback=fallbacks.append):
             if error is not None:
                 if strict:
                     raise error
@@ -138,8 +139,7 @@ def load_corpus(
 
 def analyze(models: Sequence[Model], Gs: Sequence[int] = (1, 2, 3)) -> dict:
     """The analysis of a corpus as one JSON-ready dict (schema in README)."""
-    from dlbricks.versions import LAYER_DIGEST_VERSION
-    from dlbricks.versions import SEQUENCE_DIGEST_VERSION
+    from dlbricks.versions import LAYER_DIGEST_VERSION, SEQUENCE_DIGEST_VERSION
 
     if not models:
         raise DlbricksError("nothing to analyse: no models")
@@ -164,10 +164,10 @@ def analyze(models: Sequence[Model], Gs: Sequence[int] = (1, 2, 3)) -> dict:
 
 def render_analysis(result: dict, errors: Sequence[dict[str, str]] = ()) -> str:
     """Readable tables for ``dlbricks analyze``."""
+    import io
+
     from rich.console import Console
     from rich.table import Table
-
-    import io
 
     console = Console(record=True, width=160, file=io.StringIO())
     Gs = result["G"]

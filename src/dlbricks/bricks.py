@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Iterator, Literal, Sequence
 
 import numpy as np
 import onnx
@@ -23,7 +23,10 @@ from onnx import TensorProto, helper, numpy_helper
 from dlbricks.digest import constant_role
 from dlbricks.errors import DlbricksError
 from dlbricks.loading.names import outer_names
-from dlbricks.model import Layer, Model, TensorType
+from dlbricks.model import Layer, Model, ModelLike, TensorType
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.progress import Progress
 
 WeightsMode = Literal["synthetic", "source"]
 
@@ -130,7 +133,7 @@ def _int_bound(layer: Layer, slot: int) -> int | None:
 
 def generate_brick(
     model: Model,
-    members: Sequence[int],
+    members: Sequence[int] | np.ndarray,
     *,
     weights: WeightsMode = "synthetic",
     seed: int = 0,
@@ -265,8 +268,9 @@ def generate_brick(
     if not graph_outputs:  # every output is consumed inside: expose the last layer's
         last = layers[-1]
         for slot, name in enumerate(last.outputs):
-            if name and last.output_types[slot] is not None:
-                graph_outputs.append(_value_info(name, last.output_types[slot]))
+            last_type = last.output_types[slot]
+            if name and last_type is not None:
+                graph_outputs.append(_value_info(name, last_type))
 
     if sink is not None:
         sink.close()
@@ -320,7 +324,7 @@ class _WeightSink:
             self.fh.write(b"\0" * pad)
             self.offset += pad
         data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
-        self.fh.write(memoryview(data).cast("B"))
+        self.fh.write(data.data.cast("B"))
         t = TensorProto()
         t.name = name
         t.data_type = helper.np_dtype_to_tensor_dtype(value.dtype)
@@ -367,7 +371,7 @@ def check_brick(proto: onnx.ModelProto | str, *, label: str | None = None) -> No
 
 def write_brick(
     model: Model,
-    members: Sequence[int],
+    members: Sequence[int] | np.ndarray,
     path: str | os.PathLike[str],
     *,
     weights: WeightsMode = "synthetic",
@@ -433,7 +437,7 @@ def generate_bricks(
     *,
     seed: int = 0,
     check: bool = True,
-    progress: "Iterable | None" = None,
+    progress: Progress | None = None,
 ) -> list[BrickInfo]:
     """Write ``out_dir/<digest>.onnx`` for every unique sequence at ``G`` plus ``manifest.json``.
 
@@ -459,7 +463,7 @@ def generate_bricks(
         info.file = path.name
         infos.append(info)
         if progress is not None:
-            progress.advance()  # type: ignore[attr-defined]
+            progress.advance()
     manifest = {
         "schema_version": 1,
         "G": G,
@@ -471,7 +475,7 @@ def generate_bricks(
     return infos
 
 
-def model_digest(model: Model) -> str:
+def model_digest(model: ModelLike) -> str:
     """A 128-bit digest of a whole model's computation (hex): the layer digests in
     topological order plus the slot-annotated edges, names excluded. Keys end-to-end
     results in the store."""

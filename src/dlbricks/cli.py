@@ -13,6 +13,7 @@ import gc
 import importlib
 import shutil
 import sys
+from typing import Any
 
 from dlbricks import __version__
 from dlbricks.errors import DlbricksError, UsageError
@@ -40,21 +41,22 @@ class _HelpFormatter(argparse.HelpFormatter):
     ioctl and an environment lookup per option.
     """
 
-    _width: int | None = None
+    _columns: int | None = None  # not _width: HelpFormatter's own instance attribute
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
         if width is None:
-            if _HelpFormatter._width is None:
-                _HelpFormatter._width = shutil.get_terminal_size().columns - 2
-            width = _HelpFormatter._width
+            if _HelpFormatter._columns is None:
+                _HelpFormatter._columns = shutil.get_terminal_size().columns - 2
+            width = _HelpFormatter._columns
         super().__init__(prog, indent_increment, max_help_position, width)
 
 
 class _ArgumentParser(argparse.ArgumentParser):
     """Subcommand parsers are made with the main parser's class, so they share this default."""
 
-    def __init__(self, *args, formatter_class: type = _HelpFormatter, **kwargs) -> None:  # noqa: ANN002, ANN003
-        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
 
 class _OneCommand:
@@ -160,3 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dlbricks {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`dlbricks results | head`): stop quietly, and keep the
+        # interpreter from complaining again when it flushes stdout at exit.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

@@ -20,13 +20,18 @@ _MAX_G = 2**31 - 1
 
 @runtime_checkable
 class GraphLike(Protocol):
-    """Anything with per-layer digests and slot-annotated activation edges."""
+    """Anything with per-layer digests and slot-annotated activation edges (read only)."""
 
-    digests: np.ndarray
-    edge_src: np.ndarray
-    edge_dst: np.ndarray
-    edge_src_slot: np.ndarray | None
-    edge_dst_slot: np.ndarray | None
+    @property
+    def digests(self) -> np.ndarray: ...
+    @property
+    def edge_src(self) -> np.ndarray: ...
+    @property
+    def edge_dst(self) -> np.ndarray: ...
+    @property
+    def edge_src_slot(self) -> np.ndarray | None: ...
+    @property
+    def edge_dst_slot(self) -> np.ndarray | None: ...
 
 
 @dataclass(slots=True)

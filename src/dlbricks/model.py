@@ -74,7 +74,7 @@ class Layer:
     name: str
     op_type: str
     domain: str  # "" for the default ONNX domain
-    node: "onnx.NodeProto"  # attributes (and subgraphs of control-flow ops) live here
+    node: onnx.NodeProto  # attributes (and subgraphs of control-flow ops) live here
     inputs: tuple[str, ...]  # as in the node; "" marks an omitted optional input
     outputs: tuple[str, ...]
     input_types: tuple[TensorType | None, ...]  # None for omitted optional inputs
@@ -222,7 +222,7 @@ def layer_names(layers: Sequence[Layer]) -> list[str]:
     return list(layers.names) if isinstance(layers, LazyLayers) else [layer.name for layer in layers]
 
 
-def layer_kinds(layers: Sequence[Layer]) -> list[str]:
+def layer_kinds(layers: Sequence[HasKind]) -> list[str]:
     """Each layer's :attr:`Layer.kind`, without building lazily loaded layers."""
     return list(layers.kinds) if isinstance(layers, LazyLayers) else [layer.kind for layer in layers]
 
@@ -359,7 +359,7 @@ def distinct_names(names: Sequence[str], paths: Sequence[str | None]) -> list[st
     for i, n in enumerate(names):
         groups.setdefault(n, []).append(i)
     out = list(names)
-    for name, members in groups.items():
+    for members in groups.values():
         if len(members) < 2:
             continue
         parts: dict[int, list[str]] = {}

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import rich.progress
 
 __all__ = ["Progress"]
 
@@ -15,18 +19,25 @@ class Progress:
     def __init__(self, enabled: bool, description: str) -> None:
         self.enabled = enabled
         self.description = description
-        self._progress = None
-        self._task = None
+        self._progress: rich.progress.Progress | None = None
+        self._task: Any = None
         self._total = 0
         self._done = 0
         self._start = time.perf_counter()
         self._last_line = 0.0
         self._last_pct = -1
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.enabled and sys.stderr.isatty():
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self._progress = Progress(
                 TextColumn("{task.description}"),

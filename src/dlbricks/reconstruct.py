@@ -41,7 +41,7 @@ class Prediction:
     path: str | None = None
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        return {k: getattr(self, k) for k in self.__slots__}
 
 
 class MissingResults(DlbricksError):

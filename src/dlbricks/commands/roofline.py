@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _load_peaks(path: str):  # type: ignore[no-untyped-def]
+def _load_peaks(path: str):
     from dlbricks.roofline.peaks import Peaks
 
     try:
@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     import onnxruntime
 
     from dlbricks import __version__
-    from dlbricks.roofline import analysis as rl
     from dlbricks.pipeline import bench
+    from dlbricks.roofline import analysis as rl
     from dlbricks.store import Store, default_store_path
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 

@@ -35,14 +35,14 @@ from dlbricks.loading.full import load_file, load_proto
 from dlbricks.loading.messages import DlbricksWarning, batch_dim_note, one_line
 from dlbricks.loading.names import norm_domain
 from dlbricks.loading.sizes import MAX_ELEMENTS, numel
-from dlbricks.model import LazyLayers, LazyMapping, Layer, Model, TensorType
+from dlbricks.model import Layer, LazyLayers, LazyMapping, Model, TensorType
 
 __all__ = ["FastPathFallback", "available", "finish_batch", "load_fast", "load_fast_proto", "release", "scan_file"]
 
 try:  # onnx's C++ shape inference on serialized bytes (what onnx.shape_inference wraps)
     from onnx.onnx_cpp2py_export import shape_inference as _c_shape_inference
 except ImportError:  # pragma: no cover - every onnx release since 1.2 has it
-    _c_shape_inference = None
+    _c_shape_inference = None  # type: ignore[assignment]  # the optional-import idiom: available() checks
 
 # Files at least this big are memory-mapped: weight pages are then never read.
 _MMAP_MIN_BYTES = 1 << 20
@@ -350,6 +350,7 @@ def infer_light(prepared: _Prepared) -> bytes | FastPathFallback:
     inference errors)."""
     light, prepared.light = prepared.light, None
     try:
+        assert light is not None  # a prepared model is inferred once
         return _c_shape_inference.infer_shapes(light, False, False, True)
     except _c_shape_inference.InferenceError as exc:
         text = str(exc).strip()
@@ -358,7 +359,7 @@ def infer_light(prepared: _Prepared) -> bytes | FastPathFallback:
         return _raised(prepared.label, "shape inference", exc)
 
 
-def _finish(p: _Prepared, inferred: bytes) -> dict | FastPathFallback:
+def _finish(p: _Prepared, inferred: bytes) -> _core._ScanResult | FastPathFallback:
     """Fold and hash (the scan's finish), or why the full loader must run."""
     try:
         res = p.scan.finish(p.buf, inferred, p.shapes, p.dim_subst)
@@ -367,7 +368,7 @@ def _finish(p: _Prepared, inferred: bytes) -> dict | FastPathFallback:
     return FastPathFallback(p.label, res["fallback"]) if res["fallback"] else res
 
 
-def _build_model(p: _Prepared, res: dict, stacklevel: int) -> Model:
+def _build_model(p: _Prepared, res: _core._ScanResult, stacklevel: int) -> Model:
     """The Model of a finished scan. ``stacklevel`` points warnings at the caller of the
     public function."""
     scan = p.scan
@@ -376,7 +377,7 @@ def _build_model(p: _Prepared, res: dict, stacklevel: int) -> Model:
     # Absolute: the layers may be built after the caller has changed directory.
     full = _FullModel(source if isinstance(source, onnx.ModelProto) else source.absolute(), p.label, p.name, digests)
     tts: dict[tuple[int, tuple[int, ...]], TensorType] = {}
-    for n_, e, s in p.act_inputs:
+    for _name, e, s in p.act_inputs:
         tts.setdefault((e, s), TensorType(e, s))
     outputs = []
     for out_name, (e, s) in zip(scan.output_names, res["output_types"]):
@@ -423,7 +424,7 @@ def finish_batch(
             prepared.append(s if isinstance(s, FastPathFallback) else _prepare(s[1], s[0], path, os.fspath(path), path.stem))
         del scanned
         inferred = [p if isinstance(p, FastPathFallback) else infer_light(p) for p in prepared]
-        finished: list[dict | FastPathFallback | None] = []
+        finished: list[_core._ScanResult | FastPathFallback | None] = []
         for p, light_inferred in zip(prepared, inferred):
             if isinstance(p, FastPathFallback):
                 finished.append(None)

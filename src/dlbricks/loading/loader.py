@@ -69,25 +69,27 @@ def load(
     """
     if isinstance(source, onnx.ModelProto):
         label = name or source.graph.name or "<model>"
-        result = _not_tried(label, input_shapes)
-        if result is None:
+        fallback = _not_tried(label, input_shapes)
+        if fallback is None:
             result = fast.load_fast_proto(source, label, name or source.graph.name or "model")
             if not isinstance(result, FastPathFallback):
                 return result
+            fallback = result
         if on_fallback is not None:
-            on_fallback(result)
+            on_fallback(fallback)
         return load_proto(source, label, None, name, input_shapes, {})
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"load() expects a path or an onnx.ModelProto, got {type(source).__name__}")
     path = source if isinstance(source, Path) else Path(source)
     label = os.fspath(source)
-    result = _not_tried(label, input_shapes)
-    if result is None:
+    fallback = _not_tried(label, input_shapes)
+    if fallback is None:
         result = fast.load_fast(path, label, name or path.stem)
         if not isinstance(result, FastPathFallback):
             return result
+        fallback = result
     if on_fallback is not None:
-        on_fallback(result)
+        on_fallback(fallback)
     return load_file(path, label, name, input_shapes)
 
 

@@ -122,7 +122,7 @@ def _record_types(
     except DlbricksError as exc:
         cause = exc.__cause__ or exc
         raise ModelError(f"{label}: onnxruntime cannot load its own optimised model: {_first_line(cause)}") from None
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     for inp in session.get_inputs():
         if inp.name in initializer_names:
             continue

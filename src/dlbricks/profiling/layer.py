@@ -245,9 +245,9 @@ def record_layer_spans(
             rec.add(static.get(k["name"], {}).get("label", k["op"]) or k["name"], ks, ke, parent=mr, cat="kernel",
                     args=args)
     if unprof_times:
-        a, b = perf_to_epoch_ns(unprof_times[0][0]), perf_to_epoch_ns(unprof_times[-1][1])
+        t0, t1 = perf_to_epoch_ns(unprof_times[0][0]), perf_to_epoch_ns(unprof_times[-1][1])
         rec.add(
-            f"same session, profiling off ({len(unprof_times)} runs)", a, b, parent=level_span,
+            f"same session, profiling off ({len(unprof_times)} runs)", t0, t1, parent=level_span,
             args={"median_us": float(np.median([(y - x) / 1e3 for x, y in unprof_times]))},
         )
 

@@ -106,7 +106,8 @@ def render_profile(result: Mapping[str, Any], *, top: int = 15) -> str:
         hdr += "  counters"
         lines.append(hdr)
         def time_of(k: Mapping[str, Any]) -> float:
-            return float(k.get("corrected_us") if k.get("corrected_us") is not None else k.get("isolated_us") or 0.0)
+            corrected = k.get("corrected_us")
+            return float(corrected if corrected is not None else k.get("isolated_us") or 0.0)
 
         for i, k in enumerate(sorted(kernels, key=lambda k: -time_of(k))[:top], 1):
             names = ",".join(x["name"] for x in k["layers"]) or k["kernel"]

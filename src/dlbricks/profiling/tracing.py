@@ -277,7 +277,7 @@ class ChromeEvent:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ChromeEvent:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})  # type: ignore[attr-defined]
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass

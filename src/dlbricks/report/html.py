@@ -72,7 +72,7 @@ def build_report(
         for sid, head in SECTIONS
         if sid != "roofline" or roofline is not None
     )
-    inputs = [("generated", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")), ("dlbricks", __version__)]
+    inputs: list[tuple[str, Any]] = [("generated", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")), ("dlbricks", __version__)]
     if evaluation is not None:
         inputs += [("system id", evaluation.get("system_id")), ("config key", evaluation.get("config_key")),
                    ("G", ", ".join(str(g) for g in evaluation.get("G", [])))]

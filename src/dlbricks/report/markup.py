@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, TypeGuard
 
 __all__ = ["Cell", "esc", "finite", "flatten", "fmt", "fmt_seconds", "kv_table", "kv_value", "number_cell", "quoted",
            "seconds_cell", "table"]
@@ -14,7 +14,7 @@ def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def finite(x: Any) -> bool:
+def finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -100,7 +100,7 @@ def brick_contributions(
     in_models = (occ > 0).sum(axis=0)
     bver = brick_digest_version()
     meta = store.bricks()
-    out = []
+    out: list[dict[str, Any]] = []
     for u in range(sp.n_unique):
         d = bytes(np.asarray(sp.unique_digests[u], dtype=np.uint8)).hex()
         rec = store.get_result("brick", d, bver, system_id, config_key)

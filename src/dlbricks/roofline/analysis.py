@@ -459,7 +459,7 @@ def brick_headroom(
     sp = corpus.split(G)
     occ = sp.occurrences().sum(axis=0)
     bver = brick_digest_version()
-    out = []
+    out: list[dict[str, Any]] = []
     for u in range(sp.n_unique):
         d = bytes(sp.unique_digests[u]).hex()
         rec = store.get_result("brick", d, bver, system_id, config_key)

@@ -109,7 +109,7 @@ class LayerCost:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LayerCost:
         """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})  # type: ignore[attr-defined]
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass(slots=True)

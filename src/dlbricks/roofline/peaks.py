@@ -71,7 +71,7 @@ class CacheLevel:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CacheLevel:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})  # type: ignore[attr-defined]
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass(slots=True)
@@ -127,7 +127,7 @@ class Peaks:
         version = d.get("schema_version", PEAKS_SCHEMA_VERSION)
         if version != PEAKS_SCHEMA_VERSION:
             raise ValueError(f"peaks schema_version {version}, expected {PEAKS_SCHEMA_VERSION}")
-        kwargs = {k: d[k] for k in cls.__dataclass_fields__ if k in d}  # type: ignore[attr-defined]
+        kwargs = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         kwargs["caches"] = [CacheLevel.from_dict(c) for c in d.get("caches", [])]
         kwargs["gflops_by_size"] = {str(k): float(v) for k, v in d.get("gflops_by_size", {}).items()}
         if kwargs.get("cores") is not None:
@@ -357,7 +357,8 @@ def measure_peaks(threads: int = 1, cores: Sequence[int] | None = None, quick: b
         return Peaks(
             threads=threads, gflops=max(by_size.values()), gflops_by_size=by_size,
             stream_bytes=nbytes, caches=caches, cores=sorted(cores) if cores is not None else None,
-            quick=quick, elapsed_s=time.perf_counter() - t0, context=_context(), **bw,
+            quick=quick, elapsed_s=time.perf_counter() - t0, context=_context(), copy_gbs=bw["copy_gbs"],
+            triad_gbs=bw["triad_gbs"], ort_scale_gbs=bw["ort_scale_gbs"], ort_add_gbs=bw["ort_add_gbs"],
         )
 
 

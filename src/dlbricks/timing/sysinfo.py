@@ -126,7 +126,7 @@ def _cpu_section() -> dict[str, Any]:
                 cores.add((pkg, core))
         physical = len(cores) or None
     try:
-        usable = sorted(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+        usable = sorted(os.sched_getaffinity(0))
     except AttributeError:
         usable = None
     caches = {}

@@ -225,9 +225,9 @@ PYBIND11_MODULE(_core, m) {
     m.doc() = "dlbricks C++ core: graph hashing, topological sort, DLBricks split, corpus dedup.";
     m.attr("SEQUENCE_DIGEST_VERSION") = kSequenceDigestVersion;
     // numpy's C API is looked up here, at import, as numpy extensions do (import_array):
-    // otherwise the first call that takes or returns an array does it, and pybind11's
-    // lookup (NumpyVersion's regular expression, the multiarray capsule) cost 0.43-0.49
-    // ms there in a fresh process, more than that call's own work.
+    // otherwise the first call that takes or returns an array pays for pybind11's lookup
+    // (NumpyVersion's regular expression, the multiarray capsule), more than most calls'
+    // own work.
     (void)py::dtype::of<std::int64_t>();
 
     m.def(

@@ -957,3 +957,17 @@ def test_the_type_stubs_name_exactly_what_the_extension_exports():
     methods = {n.name for c in stub.body if isinstance(c, ast.ClassDef) and c.name == "OnnxScan" for n in c.body
                if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
     assert methods == {n for n in dir(_core.OnnxScan) if not n.startswith("_")}
+
+
+# -- limits shared with Python ----------------------------------------------------------------
+
+
+def test_the_size_limits_python_applies_are_the_extensions():
+    from dlbricks import digest
+    from dlbricks.loading import sizes
+
+    assert dlbricks.loading.MAX_ELEMENTS == sizes.MAX_ELEMENTS == _core.MAX_ELEMENTS == 2**40
+    assert sizes.INLINE_BYTES == _core.INLINE_BYTES == 64 * 1024
+    assert digest.PARAM_MAX_ELEMENTS == _core.PARAM_MAX_ELEMENTS == 1
+    assert digest.INT_PARAM_MAX_ELEMENTS == _core.INT_PARAM_MAX_ELEMENTS == 4096
+

@@ -22,6 +22,7 @@
 #include "dlbricks/corpus.hpp"
 #include "dlbricks/digest.hpp"
 #include "dlbricks/graph.hpp"
+#include "dlbricks/limits.hpp"
 #include "dlbricks/onnx_scan.hpp"
 
 namespace py = pybind11;
@@ -224,6 +225,11 @@ py::list dedup_to_dicts(Array<std::int64_t> node_offsets, Array<std::int64_t> ed
 PYBIND11_MODULE(_core, m) {
     m.doc() = "dlbricks C++ core: graph hashing, topological sort, DLBricks split, corpus dedup.";
     m.attr("SEQUENCE_DIGEST_VERSION") = kSequenceDigestVersion;
+    // The limits both loaders apply (limits.hpp): Python reads them from here.
+    m.attr("MAX_ELEMENTS") = kMaxElements;
+    m.attr("INLINE_BYTES") = kInlineBytes;
+    m.attr("PARAM_MAX_ELEMENTS") = kParamMaxElements;
+    m.attr("INT_PARAM_MAX_ELEMENTS") = kIntParamMax;
     // numpy's C API is looked up here, at import, as numpy extensions do (import_array):
     // otherwise the first call that takes or returns an array pays for pybind11's lookup
     // (NumpyVersion's regular expression, the multiarray capsule), more than most calls'
@@ -418,7 +424,8 @@ PYBIND11_MODULE(_core, m) {
 
     py::register_exception<WireError>(m, "WireError", PyExc_ValueError);
     py::class_<HeadTable>(m, "HeadTable")
-        .def(py::init<std::size_t, std::size_t>(), py::arg("max_entries") = 1 << 14, py::arg("max_bytes") = 64 << 20)
+        .def(py::init<std::size_t, std::size_t>(), py::arg("max_entries") = HeadTable::kMaxEntries,
+             py::arg("max_bytes") = HeadTable::kMaxBytes)
         .def("__len__", &HeadTable::size)
         .def("clear", &HeadTable::clear);
     py::class_<OnnxScan>(m, "OnnxScan")

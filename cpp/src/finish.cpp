@@ -352,7 +352,7 @@ ScanResult OnnxScan::finish(const std::uint8_t* d, std::size_t size, const std::
                 const ScanTensorType& ct = tt.types[c];
                 const std::int64_t ne = tt.numels[c];
                 const std::uint8_t so = size_op[static_cast<std::size_t>(n.op_key)];
-                const bool param = ne <= 1 || ((ct.elem_type == kInt32 || ct.elem_type == kInt64) && ne <= kIntParamMax) ||
+                const bool param = ne <= kParamMaxElements || ((ct.elem_type == kInt32 || ct.elem_type == kInt64) && ne <= kIntParamMax) ||
                                    (((so == 1 && (slot == 1 || slot == 2)) || (so == 2 && slot == 1)) && ne <= kIntParamMax);
                 out.push_back(param ? 3 : 2);
                 put_type(c);

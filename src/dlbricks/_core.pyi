@@ -4,10 +4,11 @@
 
 import mmap
 from collections.abc import Mapping, Sequence
-from typing import Annotated, NotRequired, SupportsIndex, SupportsInt, TypedDict, overload
+from typing import Annotated, SupportsIndex, SupportsInt, TypedDict, overload
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import NotRequired  # typing has it from Python 3.11
 
 _Int32Array = Annotated[npt.ArrayLike, np.int32]
 _Int64Array = Annotated[npt.ArrayLike, np.int64]
@@ -16,6 +17,11 @@ _Float64Array = Annotated[npt.ArrayLike, np.float64]
 _Int = SupportsInt | SupportsIndex
 
 SEQUENCE_DIGEST_VERSION: int
+# Size limits both loaders apply (cpp/include/dlbricks/limits.hpp).
+MAX_ELEMENTS: int
+INLINE_BYTES: int
+PARAM_MAX_ELEMENTS: int
+INT_PARAM_MAX_ELEMENTS: int
 
 class _DedupResult(TypedDict):
     layer_ids: npt.NDArray[np.int32]

@@ -35,13 +35,15 @@ __all__ = [
 
 LAYER_MAGIC = b"DLBRICKS-LAYER\x00"
 
+# Both limits come from the extension, whose fast loader classifies constants by the
+# same rule (cpp/include/dlbricks/limits.hpp).
 # Scalars are "params" whatever their dtype (Clip bounds, a scalar Mul, Pad's constant
 # value, Range's start/limit/delta...): cheap to compare, and they change what the op does.
-PARAM_MAX_ELEMENTS = 1
+PARAM_MAX_ELEMENTS: int = _core.PARAM_MAX_ELEMENTS
 # int32/int64 constants up to this many elements are "params" too: ONNX uses these
 # dtypes for shapes, axes, starts/ends, pads, repeats and indices, whose values change
 # what the op computes (and a synthetic value could make the op fail).
-INT_PARAM_MAX_ELEMENTS = 4096
+INT_PARAM_MAX_ELEMENTS: int = _core.INT_PARAM_MAX_ELEMENTS
 _INDEX_DTYPES = frozenset({TensorProto.INT32, TensorProto.INT64})
 # Float inputs whose values shape the computation (resize factors), by (op, slot).
 # Other small float vectors are weights: conv biases of 4 or 16 channels must not

@@ -98,7 +98,8 @@ private:
 /// it empties itself when it would pass `max_entries` heads or `max_bytes` bytes.
 class HeadTable {
 public:
-    explicit HeadTable(std::size_t max_entries = 1 << 14, std::size_t max_bytes = 64 << 20)
+    static constexpr std::size_t kMaxEntries = 1 << 14, kMaxBytes = 64 << 20;  // the defaults
+    explicit HeadTable(std::size_t max_entries = kMaxEntries, std::size_t max_bytes = kMaxBytes)
         : max_entries_(max_entries), max_bytes_(max_bytes) {}
     /// The head stored under `key`, or null. Shared: a scan keeps its heads alive even
     /// when the table empties itself before the scan is finished.

@@ -1,4 +1,8 @@
 // Tensor sizes, and the size limits the fast path shares with the Python loader.
+//
+// Python reads the limits from the extension (_core.MAX_ELEMENTS, _core.INLINE_BYTES,
+// _core.INT_PARAM_MAX_ELEMENTS, _core.PARAM_MAX_ELEMENTS), so both loaders apply the
+// same numbers by construction.
 #pragma once
 
 #include <cstdint>
@@ -8,14 +12,16 @@
 
 namespace dlbricks {
 
-/// Tensors with more elements are absurd: the model is refused (loading.sizes.MAX_ELEMENTS).
+/// Tensors with more elements are absurd: the model is refused (loading.MAX_ELEMENTS).
 constexpr std::int64_t kMaxElements = std::int64_t{1} << 40;
 /// Initializers and Constant values up to this many bytes go to shape inference with
-/// their data (data propagation can read shape-like values); larger ones by type only
-/// (loading.sizes.INLINE_BYTES).
+/// their data (data propagation can read shape-like values); larger ones by type only.
 constexpr std::int64_t kInlineBytes = 64 * 1024;
+/// Constants with at most this many elements are params (identity by value) whatever
+/// their type (digest.constant_role).
+constexpr std::int64_t kParamMaxElements = 1;
 /// int32/int64 constants (shapes, axes, pads, indices) and the scales/sizes of
-/// Resize/Upsample up to this many elements are params (digest.INT_PARAM_MAX_ELEMENTS).
+/// Resize/Upsample up to this many elements are params too (digest.constant_role).
 constexpr std::int64_t kIntParamMax = 4096;
 
 /// numpy's itemsize for an ONNX element type, as loading.sizes.itemsize computes it

@@ -9,16 +9,20 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from dlbricks import _core
+
 __all__ = ["INLINE_BYTES", "MAX_ELEMENTS", "elem_type_of", "itemsize", "numel"]
 
-#: Tensors with more elements than this are rejected as absurd.
-MAX_ELEMENTS = 2**40
+# Both from the extension, so that the C++ fast path and the Python loader apply the
+# same numbers (cpp/include/dlbricks/limits.hpp).
+#: Tensors with more elements than this (2**40) are rejected as absurd.
+MAX_ELEMENTS: int = _core.MAX_ELEMENTS
 #: Initializers (and Constant values) up to this size go to shape inference with their
 #: data, so that data propagation can see shape-like values; larger ones only by type.
-INLINE_BYTES = 64 * 1024
+INLINE_BYTES: int = _core.INLINE_BYTES
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def itemsize(elem_type: int) -> int:
     """numpy's item size for an ONNX element type (8 where onnx has no numpy type)."""
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DlbricksError", "ModelError", "UsageError"]
+__all__ = ["DlbricksError", "ModelError", "UsageError", "first_line"]
 
 
 class DlbricksError(Exception):
@@ -15,3 +15,10 @@ class UsageError(DlbricksError):
 
 class ModelError(DlbricksError):
     """A model cannot be analysed (bad file, bad graph, unresolved shapes...)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none:
+    onnxruntime's messages run on for pages, and a user-facing error is one line."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

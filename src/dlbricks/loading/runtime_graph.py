@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.errors import DlbricksError, ModelError, first_line
 from dlbricks.model import Model
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.fpenv import FloatEnv
@@ -68,8 +68,6 @@ def optimized_model(
         ModelError: onnxruntime cannot load or run the model (names the file), or
             ``level`` is unknown.
     """
-    import onnxruntime as ort
-
     label = str(source) if not isinstance(source, onnx.ModelProto) else (source.graph.name or "<model>")
     cfg = _config(config, level, label)
     own_tmp = None
@@ -83,11 +81,11 @@ def optimized_model(
         out = Path(workdir) / "optimized.onnx"
         so = session_options(cfg)
         so.optimized_model_filepath = str(out)
-        model_arg = source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source)
         try:
-            ort.InferenceSession(model_arg, so, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises several unrelated types
-            raise ModelError(f"{label}: onnxruntime cannot optimise the model: {_first_line(exc)}") from None
+            create_session(source, cfg, options=so)
+        except DlbricksError as exc:
+            cause = exc.__cause__ or exc
+            raise ModelError(f"{label}: onnxruntime cannot optimise the model: {first_line(cause)}") from None
         proto = onnx.load(str(out))
         _record_types(proto, label, input_shapes or {}, cfg)
         return proto
@@ -95,11 +93,6 @@ def optimized_model(
         fenv.restore()
         if own_tmp is not None:
             own_tmp.cleanup()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _record_types(
@@ -121,7 +114,7 @@ def _record_types(
         session = create_session(probe, replace(cfg, graph_optimization="disable"))
     except DlbricksError as exc:
         cause = exc.__cause__ or exc
-        raise ModelError(f"{label}: onnxruntime cannot load its own optimised model: {_first_line(cause)}") from None
+        raise ModelError(f"{label}: onnxruntime cannot load its own optimised model: {first_line(cause)}") from None
     feeds: dict[str, np.ndarray] = {}
     for inp in session.get_inputs():
         if inp.name in initializer_names:
@@ -139,7 +132,7 @@ def _record_types(
     try:
         values = session.run(None, feeds)
     except Exception as exc:
-        raise ModelError(f"{label}: onnxruntime failed to run its optimised model: {_first_line(exc)}") from None
+        raise ModelError(f"{label}: onnxruntime failed to run its optimised model: {first_line(exc)}") from None
     existing = {vi.name for vi in graph.value_info} | {vi.name for vi in graph.output}
     for meta, value in zip(session.get_outputs(), values):
         if meta.name in existing or not isinstance(value, np.ndarray):

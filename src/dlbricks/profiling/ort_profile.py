@@ -22,8 +22,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dlbricks.errors import DlbricksError
-from dlbricks.profiling.sessions import first_line, prepared, timed_intervals, warm
+from dlbricks.errors import DlbricksError, first_line
+from dlbricks.profiling.sessions import prepared, timed_intervals, warm
 from dlbricks.timing import RunnerConfig
 
 __all__ = ["OrtNode", "calibrate_profiler", "load_executed_graph", "parse_ort_profile", "read_profile"]

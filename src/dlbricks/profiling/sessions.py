@@ -1,56 +1,39 @@
-"""The profiler's sessions: :mod:`dlbricks.timing.session`'s options, binding,
-pinning and timed loop, with what profiling adds to them.
+"""The profiler's sessions: :mod:`dlbricks.timing.session`'s factory, set-up and timed
+loop, with what profiling adds to them.
 
-Every session the profiler times is set up as :meth:`dlbricks.timing.Runner.time`
-sets up its own (pinned to the configuration's cores, flush-to-zero as configured,
-synthetic inputs bound once, the calling thread off the pool threads' cores), so a
-profiled run differs from a timed one only by what is being profiled. Profiling adds
-two session options (onnxruntime's profiler, the saved executed graph) and needs
-where each run lies in time, not only how long it took, to place it in the trace.
+Every session the profiler times is set up by :func:`dlbricks.timing.prepared_session`,
+as :meth:`dlbricks.timing.Runner.time` sets up its own (pinned to the configuration's
+cores, flush-to-zero as configured, synthetic inputs bound once, the calling thread off
+the pool threads' cores), so a profiled run differs from a timed one only by what is
+being profiled. Profiling adds two session options (onnxruntime's profiler, the saved
+executed graph) and needs where each run lies in time, not only how long it took, to
+place it in the trace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from dlbricks.errors import DlbricksError
-from dlbricks.timing import RunnerConfig, bind, create_session, make_inputs, session_options
+from dlbricks.timing import RunnerConfig, create_session, pinned, prepared_session, session_options, timed_runs
 from dlbricks.timing.fpenv import FloatEnv
-from dlbricks.timing.session import BoundSession, pinned, timed_runs
+from dlbricks.timing.session import BoundSession, Runnable
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnxruntime
 
-__all__ = ["first_line", "open_session", "prepared", "timed_intervals", "timing_env", "warm"]
+__all__ = ["open_session", "prepared", "timed_intervals", "timing_env", "warm"]
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (onnxruntime's run on for pages)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def open_session(
-    model_bytes: bytes,
-    cfg: RunnerConfig,
-    *,
-    profile_prefix: str | None = None,
-    executed_graph_path: str | None = None,
-) -> onnxruntime.InferenceSession:
-    """A CPU session with the runner's options (:func:`~dlbricks.timing.session_options`),
-    optionally profiling and/or saving the graph onnxruntime executes (its weights go
-    to a side file, never read back).
-
-    Raises:
-        DlbricksError: onnxruntime rejects the model.
-    """
+def _profiling_options(
+    cfg: RunnerConfig, profile_prefix: str | None, executed_graph_path: str | None
+) -> onnxruntime.SessionOptions | None:
+    """The runner's options (:func:`~dlbricks.timing.session_options`) plus onnxruntime's
+    profiler and/or the saved executed graph (its weights go to a side file, never read
+    back); None when neither is asked for."""
     if profile_prefix is None and executed_graph_path is None:
-        return create_session(model_bytes, cfg)
-    import onnxruntime as ort
-
+        return None
     so = session_options(cfg)
     if profile_prefix is not None:
         so.enable_profiling = True
@@ -61,10 +44,23 @@ def open_session(
             "session.optimized_model_external_initializers_file_name", os.path.basename(executed_graph_path) + ".data"
         )
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-    try:
-        return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own pybind types
-        raise DlbricksError(f"onnxruntime cannot load the model: {first_line(exc)}") from exc
+    return so
+
+
+def open_session(
+    model_bytes: bytes,
+    cfg: RunnerConfig,
+    *,
+    profile_prefix: str | None = None,
+    executed_graph_path: str | None = None,
+) -> onnxruntime.InferenceSession:
+    """A CPU session with the runner's options (:func:`~dlbricks.timing.session_options`),
+    optionally profiling and/or saving the graph onnxruntime executes.
+
+    Raises:
+        DlbricksError: onnxruntime rejects the model.
+    """
+    return create_session(model_bytes, cfg, options=_profiling_options(cfg, profile_prefix, executed_graph_path))
 
 
 @contextlib.contextmanager
@@ -90,7 +86,8 @@ def prepared(
     profile_prefix: str | None = None,
     executed_graph_path: str | None = None,
 ) -> Iterator[tuple[Any, BoundSession]]:
-    """A session bound to synthetic inputs, in the conditions the runner times under.
+    """A session bound to synthetic inputs, in the conditions the runner times under
+    (:func:`~dlbricks.timing.prepared_session`).
 
     Yields:
         ``(session, bound)``; the pinning and the FP environment last until exit.
@@ -98,42 +95,25 @@ def prepared(
     Raises:
         DlbricksError: onnxruntime rejects the model, a run fails, or pinning fails.
     """
-    with timing_env(cfg) as fenv:
-        session = open_session(model_bytes, cfg, profile_prefix=profile_prefix, executed_graph_path=executed_graph_path)
-        # After creation: the first session of the process sets the mode from its
-        # own options, and this configuration's is wanted.
-        fenv.set_flush(cfg.denormals_as_zero)
-        bound = bind(session, make_inputs(model_bytes, seed, int_bounds=int_bounds))
-        if cfg.cores is not None and cfg.intra_op_threads > 1:
-            # The pool threads own cores[1:] (session_options places them); the
-            # calling thread computes too, so it keeps cores[0] to itself.
-            os.sched_setaffinity(0, {cfg.cores[0]})
-        yield session, bound
+    options = _profiling_options(cfg, profile_prefix, executed_graph_path)
+    with prepared_session(model_bytes, cfg, seed=seed, int_bounds=int_bounds, options=options) as prep:
+        yield prep.session, prep.bound
 
 
-def warm(bound: BoundSession, count: int) -> None:
+def warm(bound: Runnable, count: int) -> None:
     """``count`` discarded runs."""
     timed_runs(bound, count)
 
 
-def timed_intervals(bound: Any, count: int) -> list[tuple[int, int]]:
-    """``count`` runs of :func:`~dlbricks.timing.session.timed_runs`, each as its
-    ``(start, end)`` in ``time.perf_counter_ns``.
-
-    The trace places every run, so each run is timed by a call of its own with a
-    clock read just before it: the interval is (that read, that read + the run's
-    duration), the duration exactly what the one timed loop measured and the start
-    early by the loop's own set-up (well under a microsecond).
+def timed_intervals(bound: Runnable, count: int) -> list[tuple[int, int]]:
+    """``count`` runs of :func:`~dlbricks.timing.timed_runs`, each as its ``(start, end)``
+    in ``time.perf_counter_ns``: the start is the run's first clock read, the end that
+    plus the duration the timed loop measured.
 
     Args:
-        bound: a :class:`BoundSession`, or anything with the same ``run_fn`` and
-            two ``run_args``.
+        bound: a :class:`BoundSession`, or any :class:`~dlbricks.timing.session.Runnable`.
         count: how many runs.
     """
-    clock = time.perf_counter_ns
-    out: list[tuple[int, int]] = []
-    for _ in range(count):
-        t0 = clock()
-        (d,) = timed_runs(bound, 1)
-        out.append((t0, t0 + d))
-    return out
+    starts: list[int] = []
+    durations = timed_runs(bound, count, starts=starts)
+    return [(t0, t0 + d) for t0, d in zip(starts, durations)]

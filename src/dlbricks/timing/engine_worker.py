@@ -113,9 +113,8 @@ def _warm_up(bound: Any, timed_runs: Any, clock: Any) -> tuple[int, float]:
 def serve(conn: Connection, beacon: _Beacon) -> None:
     from dlbricks.errors import DlbricksError
     from dlbricks.timing.config import RunnerConfig
-    from dlbricks.timing.fpenv import FloatEnv, count_denormals, denormals_flushed
-    from dlbricks.timing.inputs import session_feeds
-    from dlbricks.timing.session import bind, create_session, timed_runs
+    from dlbricks.timing.fpenv import FloatEnv, count_denormals
+    from dlbricks.timing.session import pinned, prepare_session, timed_runs
 
     tag, cfg_dict = conn.recv()
     assert tag == "config"
@@ -141,15 +140,12 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
             beacon.set(slot)
             t0 = time.perf_counter()
             try:
-                if config.cores is not None and config.intra_op_threads > 1:
-                    os.sched_setaffinity(0, set(config.cores))
-                session = create_session(source, config)
-                fenv.set_flush(config.denormals_as_zero)
-                flushed = denormals_flushed()
-                feeds = session_feeds(session, source, None, seed, int_bounds)
-                bound = bind(session, feeds)
-                if config.cores is not None and config.intra_op_threads > 1:
-                    os.sched_setaffinity(0, {config.cores[0]})
+                # With pool threads, the session is created on all the cores and this
+                # thread goes back to cores[0], where the process pinning keeps it; the
+                # flush mode set for the session stays for its rounds.
+                with pinned(config.cores if config.intra_op_threads > 1 else None):
+                    prep = prepare_session(source, config, fenv, seed=seed, int_bounds=int_bounds)
+                bound, feeds, flushed = prep.bound, prep.feeds, prep.denormals_flushed
                 warm_runs, run_s = _warm_up(bound, timed_runs, clock)
                 info = {
                     "slot": slot,

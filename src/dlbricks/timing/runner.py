@@ -16,28 +16,16 @@ onnxruntime is imported lazily so that ``import dlbricks`` stays fast.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from dlbricks.errors import DlbricksError
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 from dlbricks.timing.config import RunnerConfig
-from dlbricks.timing.fpenv import FloatEnv, count_denormals, denormals_flushed
-from dlbricks.timing.inputs import session_feeds
-from dlbricks.timing.session import (
-    BoundSession,
-    bind,
-    create_session,
-    model_label,
-    pinned,
-    timed_runs,
-)
+from dlbricks.timing.fpenv import count_denormals
+from dlbricks.timing.session import BoundSession, model_label, prepared_session, timed_runs
 from dlbricks.timing.stats import (
     DRIFT_BLOCKS,
     DRIFT_WARN,
@@ -268,40 +256,27 @@ class Runner:
         cfg = self.config
         wall0 = time.perf_counter()
         label = model_label(model)
-        fenv = FloatEnv()
-        try:
-            with pinned(cfg.cores):
-                session = create_session(model, cfg)
-                # After creation: the first session of the process sets the mode
-                # from its own options, and we want this config's.
-                fenv.set_flush(cfg.denormals_as_zero)
-                # With one intra-op thread the kernels run on this thread, so this
-                # observes the mode they run in.
-                flushed = denormals_flushed()
-                feeds = session_feeds(session, model, inputs, seed, int_bounds)
-                bound = bind(session, feeds)
-                n_in = sum(int(np.size(a)) for a in feeds.values())
-                den_in = sum(count_denormals(a) for a in feeds.values())
-                if cfg.cores is not None and cfg.intra_op_threads > 1:
-                    # Pool threads own cores[1:] (see _affinity_string); keep the
-                    # calling thread, which also computes, off them.
-                    os.sched_setaffinity(0, {cfg.cores[0]})
-                setup_s = time.perf_counter() - wall0
-                try:
-                    warmup = 2 + self._warm_up(bound)  # two binding runs already happened
-                    outs = bound.outputs()
-                    n_out = sum(int(np.size(a)) for a in outs.values())
-                    den_out = sum(count_denormals(a) for a in outs.values())
-                    del outs
-                    t_sample = time.perf_counter()
-                    times, reason = self._sample(bound)
-                    sampling_s = time.perf_counter() - t_sample
-                except DlbricksError:
-                    raise
-                except Exception as exc:
-                    raise DlbricksError(f"{label}: run failed: {exc}") from exc
-        finally:
-            fenv.restore()
+        with prepared_session(model, cfg, inputs=inputs, seed=seed, int_bounds=int_bounds) as prep:
+            bound, feeds = prep.bound, prep.feeds
+            # With one intra-op thread the kernels run on this thread, so this is the
+            # mode they run in.
+            flushed = prep.denormals_flushed
+            n_in = sum(int(np.size(a)) for a in feeds.values())
+            den_in = sum(count_denormals(a) for a in feeds.values())
+            setup_s = time.perf_counter() - wall0
+            try:
+                warmup = 2 + self._warm_up(bound)  # two binding runs already happened
+                outs = bound.outputs()
+                n_out = sum(int(np.size(a)) for a in outs.values())
+                den_out = sum(count_denormals(a) for a in outs.values())
+                del outs
+                t_sample = time.perf_counter()
+                times, reason = self._sample(bound)
+                sampling_s = time.perf_counter() - t_sample
+            except DlbricksError:
+                raise
+            except Exception as exc:
+                raise DlbricksError(f"{label}: run failed: {exc}") from exc
         times_ns = np.asarray(times, dtype=np.int64)
         return Measurement(
             times_ns=times_ns,

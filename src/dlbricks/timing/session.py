@@ -1,4 +1,16 @@
-"""The one way dlbricks creates, binds and pins an onnxruntime session."""
+"""The one way dlbricks creates, binds and pins an onnxruntime session, and the one
+timed loop that runs it.
+
+- :func:`session_options` / :func:`create_session`: a CPU session with a
+  configuration's options (callers that need more, such as onnxruntime's profiler or
+  the saved optimised graph, start from :func:`session_options` and pass ``options``);
+- :func:`bind`: inputs and outputs bound once (:class:`BoundSession`);
+- :func:`pinned`: the calling thread on the configuration's cores;
+- :func:`prepared_session` (:func:`prepare_session` for a caller that holds the
+  pinning and the FP environment itself): the whole set-up a timed run needs, in one
+  order, for the runner, the profiler and the measurement engine's worker;
+- :func:`timed_runs`: the timed loop, over anything :class:`Runnable`.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +18,18 @@ import contextlib
 import gc
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from dlbricks.errors import DlbricksError
+from dlbricks.errors import DlbricksError, first_line
 from dlbricks.timing.config import RunnerConfig
+from dlbricks.timing.fpenv import FloatEnv, denormals_flushed
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnxruntime
+
 
 def _affinity_string(cores: tuple[int, ...], threads: int) -> str:
     # One entry per pool thread (onnxruntime does not place the calling thread);
@@ -57,25 +72,31 @@ def session_options(cfg: RunnerConfig) -> onnxruntime.SessionOptions:
     return so
 
 
-def create_session(model: Any, config: RunnerConfig | None = None) -> onnxruntime.InferenceSession:
+def create_session(
+    model: Any, config: RunnerConfig | None = None, *, options: onnxruntime.SessionOptions | None = None
+) -> onnxruntime.InferenceSession:
     """Create a CPU ``InferenceSession`` with the options of ``config``.
 
-    Pinning of the calling thread is the caller's business (see :meth:`Runner.time`);
-    this only adds the pool-thread affinities.
+    Pinning of the calling thread is the caller's business (see
+    :func:`prepared_session`); this only adds the pool-thread affinities.
 
     Args:
         model: a path, serialized bytes or an ``onnx.ModelProto``.
         config: the runner configuration (defaults to ``RunnerConfig()``).
+        options: the session options to use instead of ``session_options(config)``:
+            made by :func:`session_options` and then extended (profiling, the saved
+            optimised graph), so that the timed settings stay those of ``config``.
 
     Returns:
         The session.
 
     Raises:
-        DlbricksError: onnxruntime rejects the model or the options.
+        DlbricksError: onnxruntime rejects the model or the options (the first line
+            of its message; the exception is the cause).
     """
     import onnxruntime as ort
 
-    so = session_options(config or RunnerConfig())
+    so = options if options is not None else session_options(config or RunnerConfig())
     if isinstance(model, (str, os.PathLike)):
         src: Any = os.fspath(model)
     elif isinstance(model, (bytes, bytearray)):
@@ -85,7 +106,7 @@ def create_session(model: Any, config: RunnerConfig | None = None) -> onnxruntim
     try:
         return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own pybind exception types
-        raise DlbricksError(f"{model_label(model)}: onnxruntime cannot load the model: {exc}") from exc
+        raise DlbricksError(f"{model_label(model)}: onnxruntime cannot load the model: {first_line(exc)}") from exc
 
 
 class BoundSession:
@@ -175,6 +196,11 @@ def bind(session: onnxruntime.InferenceSession, feeds: Mapping[str, np.ndarray])
 
 @contextlib.contextmanager
 def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
+    """The calling thread on ``cores`` (None: left alone) until exit, then back where it was.
+
+    Raises:
+        DlbricksError: the platform cannot pin, or the cores are not allowed.
+    """
     if cores is None:
         yield
         return
@@ -191,13 +217,122 @@ def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
         os.sched_setaffinity(0, old)
 
 
+@dataclass(frozen=True)
+class PreparedSession:
+    """A session ready to be timed (see :func:`prepare_session`).
+
+    Attributes:
+        session: the ``InferenceSession``.
+        bound: the session bound to ``feeds``.
+        feeds: the inputs, given or synthesised.
+        denormals_flushed: whether flush-to-zero was in effect on the calling thread
+            right after creation (with one intra-op thread the kernels run there).
+    """
+
+    session: Any
+    bound: BoundSession
+    feeds: dict[str, np.ndarray]
+    denormals_flushed: bool
+
+
+def prepare_session(
+    model: Any,
+    config: RunnerConfig,
+    fenv: FloatEnv,
+    *,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+    int_bounds: Mapping[str, int] | None = None,
+    options: onnxruntime.SessionOptions | None = None,
+) -> PreparedSession:
+    """Create, set flush-to-zero, synthesise the feeds, bind; then move the calling
+    thread to ``config.cores[0]`` when onnxruntime's pool threads own the other cores.
+
+    For a caller that holds the pinning (the thread on ``config.cores``) and the FP
+    environment ``fenv`` itself, such as the engine's worker, whose sessions outlive
+    their set-up; everyone else uses :func:`prepared_session`.
+
+    Args:
+        model: a path, serialized bytes or an ``onnx.ModelProto``.
+        config: the runner configuration.
+        fenv: the calling thread's FP environment, whose flush mode is set here.
+        inputs, seed, int_bounds: as for :func:`dlbricks.timing.inputs.session_feeds`.
+        options: as for :func:`create_session`.
+
+    Raises:
+        DlbricksError: the model cannot be loaded or bound, or ``inputs`` names an
+            unknown input.
+    """
+    from dlbricks.timing.inputs import session_feeds
+
+    session = create_session(model, config, options=options)
+    # After creation: the first session of the process sets the mode from its own
+    # options, and this configuration's is wanted.
+    fenv.set_flush(config.denormals_as_zero)
+    flushed = denormals_flushed()
+    feeds = session_feeds(session, model, inputs, seed, int_bounds)
+    bound = bind(session, feeds)
+    if config.cores is not None and config.intra_op_threads > 1:
+        # Pool threads own cores[1:] (see _affinity_string); keep the calling thread,
+        # which also computes, off them.
+        os.sched_setaffinity(0, {config.cores[0]})
+    return PreparedSession(session, bound, feeds, flushed)
+
+
+@contextlib.contextmanager
+def prepared_session(
+    model: Any,
+    config: RunnerConfig,
+    *,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+    int_bounds: Mapping[str, int] | None = None,
+    options: onnxruntime.SessionOptions | None = None,
+) -> Iterator[PreparedSession]:
+    """A session set up as every timed run is: the calling thread pinned to
+    ``config.cores``, the session created, flush-to-zero as configured, the feeds
+    synthesised and bound, the calling thread on ``cores[0]`` when there are pool
+    threads (:func:`prepare_session`).
+
+    The pinning and the flush mode last until exit; then the thread's affinity and FP
+    environment are put back (onnxruntime's first session sets flush-to-zero on the
+    calling thread and never undoes it).
+
+    Yields:
+        The :class:`PreparedSession`.
+
+    Raises:
+        DlbricksError: pinning fails, or as for :func:`prepare_session`.
+    """
+    fenv = FloatEnv()
+    try:
+        with pinned(config.cores):
+            yield prepare_session(
+                model, config, fenv, inputs=inputs, seed=seed, int_bounds=int_bounds, options=options
+            )
+    finally:
+        fenv.restore()
+
+
+class Runnable(Protocol):
+    """What :func:`timed_runs` runs: ``run_fn(*run_args)``, always two arguments. A
+    :class:`BoundSession` is one; peaks' numpy kernels and the hw level's counted
+    runs are others."""
+
+    @property
+    def run_fn(self) -> Callable[[Any, Any], object]: ...
+    @property
+    def run_args(self) -> tuple[Any, Any]: ...
+
+
 def timed_runs(
-    bound: BoundSession,
+    bound: Runnable,
     count: int = 0,
     *,
     until_ns: int = 0,
     out: list[int] | None = None,
     clock: Callable[[], int] = time.perf_counter_ns,
+    starts: list[int] | None = None,
 ) -> list[int]:
     """The one timed loop: run ``bound`` at least ``count`` times and until
     ``time.perf_counter_ns()`` passes ``until_ns``, timing each run on its own.
@@ -208,13 +343,16 @@ def timed_runs(
     since a collection there would be a spurious outlier.
 
     Args:
-        bound: the bound session.
+        bound: the bound session, or any :class:`Runnable`.
         count: the fewest runs.
         until_ns: keep running until the clock passes this (0: ``count`` runs only).
         out: append the durations (ns) here instead of to a new list.
         clock: what a duration is read from (``time.perf_counter_ns``, or
             ``time.thread_time_ns`` for the calling thread's CPU time); ``until_ns``
             is always a ``perf_counter_ns`` time.
+        starts: append each run's start (``perf_counter_ns``) here, after the run's
+            clock has stopped; a run then lies in (start, start + duration) when
+            ``clock`` is the wall clock.
 
     Returns:
         The list the durations were appended to.
@@ -226,6 +364,25 @@ def timed_runs(
     gc_on = gc.isenabled()
     gc.disable()
     try:
+        if starts is not None:
+            # A loop of its own, so the plain loop below stays as lean as it is.
+            mark = starts.append
+            same = clock is wall
+            n = 0
+            while n < count or (until_ns and wall() < until_ns):
+                if same:
+                    t0 = clock()
+                    run(a, b)
+                    append(clock() - t0)
+                    mark(t0)
+                else:
+                    s = wall()
+                    t0 = clock()
+                    run(a, b)
+                    append(clock() - t0)
+                    mark(s)
+                n += 1
+            return times
         for _ in range(count):
             t0 = clock()
             run(a, b)

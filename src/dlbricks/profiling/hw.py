@@ -30,8 +30,8 @@ from dlbricks.model import Model
 from dlbricks.profiling.options import ProfileOptions
 from dlbricks.profiling.sessions import prepared, timed_intervals, warm
 from dlbricks.profiling.tracing import Recorder, SpanRef, perf_to_epoch_ns
-from dlbricks.timing import RunnerConfig
-from dlbricks.timing.session import timed_runs
+from dlbricks.timing import RunnerConfig, timed_runs
+from dlbricks.timing.session import Runnable
 
 __all__ = ["NO_HW_MESSAGE", "hw_level", "run_hw_jobs"]
 
@@ -42,28 +42,27 @@ _Msg = Callable[[str], None]
 
 
 def _hw_worker_main(conn: Any, setup: dict[str, Any]) -> None:
-    """Worker: count and time bricks; reply per job; its spans join the parent's trace."""
+    """Worker (:func:`dlbricks.timing.workers.serve`): count and time bricks, one
+    ``("result", dict)`` reply per job; its spans join the parent's trace, sent as
+    ``("done", events)`` when it stops."""
+    from dlbricks.timing.workers import serve
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import onnxruntime  # noqa: F401  (paid before "ready")
 
     rec, parent = Recorder.child(
         setup.get("otel"), setup.get("carrier"), setup.get("parent_id"), process_name=f"dlbricks hw worker {os.getpid()}"
     )
-    conn.send(("ready", os.getpid()))
+
+    def handle(job: Mapping[str, Any]) -> tuple[str, Any]:
+        try:
+            return "result", _hw_job(job, setup, rec, parent)
+        except Exception as exc:  # one bad brick is that brick's failure
+            msg = str(exc) if isinstance(exc, DlbricksError) else f"{type(exc).__name__}: {exc}"
+            return "result", {"key": job["key"], "error": msg}
+
     try:
-        while True:
-            try:
-                job = conn.recv()
-            except EOFError:
-                return
-            if job is None:
-                break
-            try:
-                result = _hw_job(job, setup, rec, parent)
-            except Exception as exc:  # one bad brick is that brick's failure
-                msg = str(exc) if isinstance(exc, DlbricksError) else f"{type(exc).__name__}: {exc}"
-                result = {"key": job["key"], "error": msg}
-            conn.send(("result", result))
+        serve(conn, handle)
     finally:
         rec.shutdown()
         with contextlib.suppress(OSError, EOFError):
@@ -80,7 +79,7 @@ class _CountedRun:
     that the snapshots are on the clock: counted less uncounted run time is what
     the hw level costs."""
 
-    def __init__(self, bound: Any, counters: Any):
+    def __init__(self, bound: Runnable, counters: Any):
         fn, (a, b) = bound.run_fn, bound.run_args
         snapshot = counters.snapshot
         self.snapshots: list[tuple[Any, Any]] = []
@@ -190,83 +189,43 @@ def _finite(v: float) -> float | None:
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-class _HwWorker:
-    def __init__(self, setup: dict[str, Any], start_timeout_s: float = 120.0):
-        from dlbricks.timing.workers import start_worker
-
-        self.proc, self.conn, pid = start_worker(
-            mp.get_context("spawn"), _hw_worker_main, (setup,), name="dlbricks-hw-worker", what="hw worker",
-            start_timeout_s=start_timeout_s,
-        )
-        self.pid = int(pid)
-
-    def run(self, job: Mapping[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """The job's result, or None when the worker died or timed out (then it is gone)."""
-        try:
-            self.conn.send(dict(job))
-            ready = self.conn.poll(timeout_s)
-        except (OSError, EOFError):
-            ready = True
-        if not ready:
-            self.kill()
-            return None
-        try:
-            tag, payload = self.conn.recv()
-        except (EOFError, OSError):
-            self.kill()
-            return None
-        return payload if tag == "result" else None
-
-    def finish(self, timeout_s: float = 60.0) -> list[dict[str, Any]]:
-        """Stop the worker and collect its spans."""
-        events: list[dict[str, Any]] = []
-        try:
-            self.conn.send(None)
-            if self.conn.poll(timeout_s):
-                tag, payload = self.conn.recv()
-                if tag == "done":
-                    events = payload
-        except (OSError, EOFError):
-            pass
-        self.proc.join(10.0)
-        self.kill()
-        return events
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5.0)
-        self.conn.close()
-
-
 def run_hw_jobs(
     jobs: Sequence[dict[str, Any]],
     setup: dict[str, Any],
     rec: Recorder,
     timeout_s: float,
     say: _Msg,
+    start_timeout_s: float = 120.0,
 ) -> tuple[dict[str, dict[str, Any]], list[int]]:
-    """Run jobs in a worker (restarted after a crash); returns key -> result and the worker pids."""
+    """Run jobs in a worker (:func:`dlbricks.timing.workers.run_with_restart`: a fresh
+    one after a crash or a timeout); returns key -> result and the worker pids."""
+    from dlbricks.timing.workers import Reply, Worker, run_with_restart
+
     results: dict[str, dict[str, Any]] = {}
     pids: list[int] = []
-    worker: _HwWorker | None = None
-    try:
-        for i, job in enumerate(jobs):
-            if worker is None:
-                worker = _HwWorker(setup)
-                pids.append(worker.pid)
-            res = worker.run(job, timeout_s)
-            if res is None:
-                code = worker.proc.exitcode
-                results[job["key"]] = {"key": job["key"], "error": f"worker crashed or timed out (exit code {code})"}
-                worker = None
-                continue
-            results[job["key"]] = res
-            if (i + 1) % 25 == 0:
-                say(f"hw level: {i + 1}/{len(jobs)} bricks")
-    finally:
-        if worker is not None:
-            rec.merge(worker.finish(), process_name=f"dlbricks hw worker {worker.pid}")
+    ctx = mp.get_context("spawn")
+
+    def start() -> Worker:
+        worker = Worker(ctx, _hw_worker_main, (setup,), name="dlbricks-hw-worker", what="hw worker",
+                        start_timeout_s=start_timeout_s)
+        pids.append(int(worker.ready))
+        return worker
+
+    def on_reply(job: dict[str, Any], reply: Reply) -> None:
+        if reply.lost is not None or reply.tag != "result":
+            results[job["key"]] = {"key": job["key"], "error": f"worker crashed or timed out (exit code {reply.exitcode})"}
+            return
+        results[job["key"]] = reply.payload
+        if len(results) % 25 == 0:
+            say(f"hw level: {len(results)}/{len(jobs)} bricks")
+
+    def stop(worker: Worker) -> None:
+        """Stop the worker and merge the spans it sends as it stops."""
+        last = worker.stop(last_message_s=60.0, join_s=10.0)
+        events = last[1] if last is not None and last[0] == "done" else []
+        rec.merge(events, process_name=f"dlbricks hw worker {int(worker.ready)}")
+
+    run_with_restart(jobs, start, on_reply, timeout_s=timeout_s, stop=stop)
     return results, pids
 
 

@@ -12,6 +12,11 @@ crash or a timeout.
 
 Workers are started with the ``spawn`` context: onnxruntime's thread pools do not
 survive ``fork``, and the parent may already hold sessions.
+
+The loop itself is generic, and the profiler's hw worker uses it too: in the child,
+:func:`serve` answers each job with one reply until told to stop; in the parent,
+:func:`run_with_restart` sends the jobs one at a time to a :class:`Worker`, waits for
+each reply within a limit, and replaces the worker after a crash or a timeout.
 """
 
 from __future__ import annotations
@@ -22,13 +27,13 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.runner import Failure, Measurement, Runner
 
-__all__ = ["Failure", "Job", "RunSummary", "run_isolated"]
+__all__ = ["Failure", "Job", "Reply", "RunSummary", "Worker", "run_isolated", "run_with_restart", "serve", "start_worker"]
 
 #: How long a fresh worker may take to import onnxruntime and report ready.
 START_TIMEOUT_S = 120.0
@@ -70,14 +75,14 @@ def _call_hook(spec: str) -> None:
     fn()
 
 
-def _worker_main(conn: Any, config: dict[str, Any]) -> None:
-    """Worker loop: receive a Job, send back ("ok", measurement dict) or ("failed", failure dict)."""
-    # Ctrl-C reaches the whole process group; the parent decides what to do and
-    # kills us, so a half-finished timing is never reported as a result.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    runner = Runner(RunnerConfig.from_dict(config))
-    import onnxruntime  # noqa: F401  (paid before "ready", so not on any job's clock)
+def serve(conn: Any, handle: Callable[[Any], tuple[str, Any]]) -> None:
+    """The child's side of the worker loop: say ``("ready", pid)``, then answer every
+    job received with ``handle(job)``, a ``(tag, payload)`` reply, until ``None`` or
+    the end of the pipe.
 
+    ``handle`` turns a job's own errors into its reply; whatever it raises ends the
+    worker, which the parent then sees as a crash.
+    """
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -86,15 +91,29 @@ def _worker_main(conn: Any, config: dict[str, Any]) -> None:
             return
         if job is None:
             return
+        conn.send(handle(job))
+
+
+def _worker_main(conn: Any, config: dict[str, Any]) -> None:
+    """Worker: receive a Job, send back ("ok", measurement dict) or ("failed", failure dict)."""
+    # Ctrl-C reaches the whole process group; the parent decides what to do and
+    # kills us, so a half-finished timing is never reported as a result.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    runner = Runner(RunnerConfig.from_dict(config))
+    import onnxruntime  # noqa: F401  (paid before "ready", so not on any job's clock)
+
+    def handle(job: Job) -> tuple[str, Any]:
         t0 = time.perf_counter()
         try:
             if job.hook:
                 _call_hook(job.hook)
             m = runner.time(job.path, seed=job.seed, int_bounds=job.int_bounds)
-            conn.send(("ok", m.to_dict()))
+            return "ok", m.to_dict()
         except Exception as exc:  # every error becomes this job's failure
             msg = str(exc) if isinstance(exc, DlbricksError) else f"{job.path}: {type(exc).__name__}: {exc}"
-            conn.send(("failed", Failure(msg, "error", None, time.perf_counter() - t0).to_dict()))
+            return "failed", Failure(msg, "error", None, time.perf_counter() - t0).to_dict()
+
+    serve(conn, handle)
 
 
 def start_worker(
@@ -136,12 +155,59 @@ def start_worker(
     return proc, parent, payload
 
 
-class _Worker:
-    def __init__(self, ctx: Any, config: RunnerConfig, start_timeout_s: float):
-        self.proc, self.conn, _ = start_worker(
-            ctx, _worker_main, (config.to_dict(),), name="dlbricks-worker", what="timing worker",
-            start_timeout_s=start_timeout_s,
+@dataclass(frozen=True)
+class Reply:
+    """What one job came to in the parent.
+
+    Attributes:
+        tag, payload: the worker's reply; both None when there was none.
+        lost: None for a reply; ``"timeout"`` (the worker was killed at the limit) or
+            ``"crash"`` (the worker died) otherwise, and the worker is then gone.
+        exitcode: the worker's exit code when it was lost (negative: a signal).
+        wall_s: from sending the job to the reply or the loss.
+    """
+
+    tag: str | None
+    payload: Any
+    lost: str | None = None
+    exitcode: int | None = None
+    wall_s: float = 0.0
+
+
+class Worker:
+    """A worker process started with :func:`start_worker`, and the parent's end of its pipe.
+
+    Attributes:
+        proc, conn: the process and the connection.
+        ready: the payload of the worker's ``("ready", payload)`` handshake.
+    """
+
+    def __init__(
+        self, ctx: Any, target: Callable[..., None], args: tuple, *, name: str, what: str, start_timeout_s: float
+    ):
+        self.proc, self.conn, self.ready = start_worker(
+            ctx, target, args, name=name, what=what, start_timeout_s=start_timeout_s
         )
+
+    def call(self, job: Any, timeout_s: float) -> Reply:
+        """Send ``job`` and wait up to ``timeout_s`` for its reply; a worker that does
+        not answer in time is killed, one that died is cleaned up (both then gone)."""
+        t0 = time.perf_counter()
+        try:
+            self.conn.send(job)
+            ready = self.conn.poll(timeout_s)
+        except (OSError, EOFError):
+            ready = True  # the worker is gone: recv below reports the crash
+        if not ready:
+            self.kill()
+            return Reply(None, None, "timeout", self.proc.exitcode, time.perf_counter() - t0)
+        try:
+            tag, payload = self.conn.recv()
+        except (EOFError, OSError):
+            code = self.exitcode()
+            self.kill()
+            return Reply(None, None, "crash", code, time.perf_counter() - t0)
+        return Reply(tag, payload, None, None, time.perf_counter() - t0)
 
     def exitcode(self) -> int | None:
         self.proc.join(5.0)
@@ -153,13 +219,71 @@ class _Worker:
         self.proc.join(5.0)
         self.conn.close()
 
-    def stop(self) -> None:
+    def stop(self, *, last_message_s: float = 0.0, join_s: float = 5.0) -> tuple[str, Any] | None:
+        """Tell the worker to stop (``None``), then make sure it is gone.
+
+        Args:
+            last_message_s: how long to wait for a message the worker sends as it stops
+                (0: none is expected).
+            join_s: how long it may take to exit before it is killed.
+
+        Returns:
+            That last ``(tag, payload)``, or None.
+        """
+        last = None
         try:
             self.conn.send(None)
+            if last_message_s > 0 and self.conn.poll(last_message_s):
+                last = self.conn.recv()
         except (OSError, EOFError):
             pass
-        self.proc.join(5.0)
+        self.proc.join(join_s)
         self.kill()
+        return last
+
+
+J = TypeVar("J")
+
+
+def run_with_restart(
+    jobs: Iterable[J],
+    start: Callable[[], Worker],
+    on_reply: Callable[[J, Reply], None],
+    *,
+    timeout_s: float,
+    stop: Callable[[Worker], object] = Worker.stop,
+) -> int:
+    """The parent's side of the worker loop: each job to a worker in turn, a fresh
+    worker after one is lost.
+
+    Args:
+        jobs: the jobs (consumed lazily, so a generator may depend on earlier replies).
+        start: starts a worker (called for the first job and after each loss).
+        on_reply: called with each job and its :class:`Reply` as soon as it ends.
+        timeout_s: the limit for one job's reply.
+        stop: how the last worker is stopped (also when ``on_reply`` raises).
+
+    Returns:
+        How many workers were started.
+
+    Raises:
+        Exception: whatever ``start`` or ``on_reply`` raises.
+    """
+    starts = 0
+    worker: Worker | None = None
+    try:
+        for job in jobs:
+            if worker is None:
+                worker = start()
+                starts += 1
+            reply = worker.call(job, timeout_s)
+            if reply.lost is not None:
+                worker = None
+            on_reply(job, reply)
+    finally:
+        if worker is not None:
+            stop(worker)
+    return starts
 
 
 def _describe_exit(code: int | None) -> str:
@@ -202,41 +326,27 @@ def run_isolated(
     limit = config.timeout_s if timeout_s is None else float(timeout_s)
     ctx = mp.get_context("spawn")
     summary = RunSummary()
-    worker: _Worker | None = None
-    try:
-        for job in jobs:
-            if worker is None:
-                worker = _Worker(ctx, config, start_timeout_s)
-                summary.worker_starts += 1
-            t0 = time.perf_counter()
-            result: Measurement | Failure
-            try:
-                worker.conn.send(job)
-                ready = worker.conn.poll(limit)
-            except (OSError, EOFError):
-                ready = True  # the worker is gone: recv below reports the crash
-            if not ready:
-                worker.kill()
-                worker = None
-                result = Failure(f"{job.path}: timed out after {limit:g} s", "timeout", None, time.perf_counter() - t0)
-            else:
-                try:
-                    tag, payload = worker.conn.recv()
-                except (EOFError, OSError):
-                    code = worker.exitcode()
-                    worker.kill()
-                    worker = None
-                    result = Failure(
-                        f"{job.path}: worker crashed ({_describe_exit(code)})", "crash", code, time.perf_counter() - t0
-                    )
-                else:
-                    result = Measurement.from_dict(payload) if tag == "ok" else Failure.from_dict(payload)
-            if isinstance(result, Measurement):
-                summary.ok += 1
-            else:
-                summary.failed += 1
-            on_result(job, result)
-    finally:
-        if worker is not None:
-            worker.stop()
+
+    def start() -> Worker:
+        return Worker(
+            ctx, _worker_main, (config.to_dict(),), name="dlbricks-worker", what="timing worker",
+            start_timeout_s=start_timeout_s,
+        )
+
+    def on_reply(job: Job, reply: Reply) -> None:
+        result: Measurement | Failure
+        if reply.lost == "timeout":
+            result = Failure(f"{job.path}: timed out after {limit:g} s", "timeout", None, reply.wall_s)
+        elif reply.lost == "crash":
+            code = reply.exitcode
+            result = Failure(f"{job.path}: worker crashed ({_describe_exit(code)})", "crash", code, reply.wall_s)
+        else:
+            result = Measurement.from_dict(reply.payload) if reply.tag == "ok" else Failure.from_dict(reply.payload)
+        if isinstance(result, Measurement):
+            summary.ok += 1
+        else:
+            summary.failed += 1
+        on_result(job, result)
+
+    summary.worker_starts = run_with_restart(jobs, start, on_reply, timeout_s=limit)
     return summary

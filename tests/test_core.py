@@ -959,7 +959,7 @@ def test_the_type_stubs_name_exactly_what_the_extension_exports():
     assert methods == {n for n in dir(_core.OnnxScan) if not n.startswith("_")}
 
 
-# -- limits shared with Python ----------------------------------------------------------------
+# -- limits shared with Python, and the thread's flush-to-zero mode ---------------------------
 
 
 def test_the_size_limits_python_applies_are_the_extensions():
@@ -971,3 +971,39 @@ def test_the_size_limits_python_applies_are_the_extensions():
     assert digest.PARAM_MAX_ELEMENTS == _core.PARAM_MAX_ELEMENTS == 1
     assert digest.INT_PARAM_MAX_ELEMENTS == _core.INT_PARAM_MAX_ELEMENTS == 4096
 
+
+def _subnormal_survives() -> bool:
+    return bool(np.float32(1e-40) * np.float32(1) != 0)
+
+
+def test_flush_denormals_sets_reads_back_and_returns_the_previous_mode():
+    before = _core.flush_denormals()
+    if before is None:
+        pytest.skip("no flush-to-zero control on this CPU")
+    try:
+        assert _core.set_flush_denormals(True) is before
+        assert _core.flush_denormals() is True and not _subnormal_survives()
+        assert _core.set_flush_denormals(False) is True
+        assert _core.flush_denormals() is False and _subnormal_survives()
+    finally:
+        _core.set_flush_denormals(before)
+    assert _core.flush_denormals() is before
+
+
+def test_flush_denormals_is_per_thread():
+    import threading
+
+    if _core.flush_denormals() is None:
+        pytest.skip("no flush-to-zero control on this CPU")
+    seen = {}
+
+    def other() -> None:
+        _core.set_flush_denormals(True)
+        seen["other"] = (_core.flush_denormals(), _subnormal_survives())
+
+    main_before = _core.flush_denormals()
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen["other"] == (True, False)
+    assert _core.flush_denormals() is main_before

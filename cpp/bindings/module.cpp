@@ -21,6 +21,7 @@
 
 #include "dlbricks/corpus.hpp"
 #include "dlbricks/digest.hpp"
+#include "dlbricks/fpenv.hpp"
 #include "dlbricks/graph.hpp"
 #include "dlbricks/limits.hpp"
 #include "dlbricks/onnx_scan.hpp"
@@ -421,6 +422,15 @@ PYBIND11_MODULE(_core, m) {
         },
         "Turns glibc's fastbins off for the process (mallopt(M_MXFAST, 0)); False where the C "
         "library is not glibc or refuses.");
+
+    // The calling thread's flush-to-zero mode: these run on the caller's thread (and
+    // must: the mode is per thread), holding the GIL for two instructions.
+    m.def("flush_denormals", &flush_denormals,
+          "Whether this thread flushes subnormals to zero (x86-64: MXCSR FTZ and DAZ; aarch64: "
+          "FPCR.FZ); None where the CPU is not supported.");
+    m.def("set_flush_denormals", &set_flush_denormals, py::arg("on"),
+          "Sets or clears this thread's flush-to-zero mode; returns the previous state as "
+          "flush_denormals() reads it, or None (nothing changed) where the CPU is not supported.");
 
     py::register_exception<WireError>(m, "WireError", PyExc_ValueError);
     py::class_<HeadTable>(m, "HeadTable")

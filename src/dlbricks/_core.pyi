@@ -131,6 +131,14 @@ def canonical_attributes(attribute_fields: _Buffer, defaults: Mapping[str, bytes
     """The attributes part of a layer head from serialized attribute fields; None when
     an attribute is not plain (see digest.make_head_from_fields)."""
 
+def flush_denormals() -> bool | None:
+    """Whether this thread flushes subnormals to zero (x86-64: MXCSR FTZ and DAZ; aarch64:
+    FPCR.FZ); None where the CPU is not supported."""
+
+def set_flush_denormals(on: bool) -> bool | None:
+    """Sets or clears this thread's flush-to-zero mode; returns the previous state as
+    flush_denormals() reads it, or None (nothing changed) where the CPU is not supported."""
+
 def disable_fastbins() -> bool:
     """Turns glibc's fastbins off for the process; False where the C library is not
     glibc or refuses."""

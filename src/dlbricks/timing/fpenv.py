@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    pass
+from dlbricks import _core
+
 
 def count_denormals(array: Any) -> int:
     """Number of subnormal (denormal) values in a floating-point array.
@@ -50,65 +49,27 @@ def denormals_flushed() -> bool:
 
 
 class FloatEnv:
-    """Control flush-to-zero on this thread, and restore the thread's FP state after.
+    """Control flush-to-zero on this thread, and restore the thread's mode after.
 
     onnxruntime applies ``session.set_denormal_as_zero`` to the calling thread only
     for the *first* session of the process (a ``std::call_once``) and never undoes
     it, so the mode a brick runs in on this thread would depend on history: the
     runner sets FTZ/DAZ itself (x86-64 MXCSR bits 15 and 6, aarch64 FPCR.FZ) through
-    glibc's ``fegetenv``/``fesetenv``, and puts the saved environment back after
-    timing so later numpy code on the thread is unaffected. Elsewhere it is a no-op
-    (the observed mode is still recorded in the measurement).
+    the extension (``_core.set_flush_denormals``), and puts the mode saved at
+    construction back after timing so later numpy code on the thread is unaffected.
+    Only the flush bits are touched (a thread that had one of FTZ and DAZ without the
+    other gets both back cleared). On other CPUs it is a no-op (the observed mode is
+    still recorded in the measurement).
     """
 
-    _libm: Any = None
-    _loaded = False
-    # (byte offset of the control register in fenv_t, flush bits) per architecture.
-    _LAYOUT = {"x86_64": (28, 0x8040), "amd64": (28, 0x8040), "aarch64": (0, 1 << 24), "arm64": (0, 1 << 24)}
-
-    @classmethod
-    def _lib(cls) -> Any:
-        if not cls._loaded:
-            cls._loaded = True
-            try:
-                import ctypes
-                import ctypes.util
-
-                name = ctypes.util.find_library("m")
-                lib = ctypes.CDLL(name) if name else None
-                if lib is not None and hasattr(lib, "fegetenv") and hasattr(lib, "fesetenv"):
-                    cls._libm = lib
-            except OSError:
-                cls._libm = None
-        return cls._libm
-
     def __init__(self) -> None:
-        import ctypes
-        import platform
-
-        self._buf = ctypes.create_string_buffer(256)  # > sizeof(fenv_t) on every glibc ABI
-        lib = self._lib()
-        self._saved = lib is not None and lib.fegetenv(self._buf) == 0
-        self._layout = self._LAYOUT.get(platform.machine().lower()) if sys.platform.startswith("linux") else None
+        self._saved = _core.flush_denormals()  # None: this CPU has no control here
 
     def set_flush(self, on: bool) -> None:
         """Turn flush-to-zero/denormals-are-zero on or off for this thread."""
-        lib = self._lib()
-        if lib is None or not self._saved or self._layout is None:
-            return
-        import ctypes
-
-        offset, bits = self._layout
-        env = ctypes.create_string_buffer(256)
-        if lib.fegetenv(env) != 0:
-            return
-        reg = int.from_bytes(env.raw[offset : offset + 4], sys.byteorder)
-        reg = (reg | bits) if on else (reg & ~bits & 0xFFFFFFFF)
-        ctypes.memmove(ctypes.addressof(env) + offset, reg.to_bytes(4, sys.byteorder), 4)
-        lib.fesetenv(env)
+        _core.set_flush_denormals(on)
 
     def restore(self) -> None:
-        """Put back the environment saved at construction."""
-        lib = self._lib()
-        if lib is not None and self._saved:
-            lib.fesetenv(self._buf)
+        """Put back the mode saved at construction."""
+        if self._saved is not None:
+            _core.set_flush_denormals(self._saved)

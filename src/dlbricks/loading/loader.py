@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -67,30 +68,28 @@ def load(
     Warns:
         DlbricksWarning: a symbolic leading (batch) dim of an input was set to 1.
     """
+    # partial, not a lambda: no frame of its own between load and the path it takes,
+    # so that the fast path's warnings still point at the caller of load.
     if isinstance(source, onnx.ModelProto):
         label = name or source.graph.name or "<model>"
-        fallback = _not_tried(label, input_shapes)
-        if fallback is None:
-            result = fast.load_fast_proto(source, label, name or source.graph.name or "model")
-            if not isinstance(result, FastPathFallback):
-                return result
-            fallback = result
-        if on_fallback is not None:
-            on_fallback(fallback)
-        return load_proto(source, label, None, name, input_shapes, {})
-    if not isinstance(source, (str, os.PathLike)):
+        fast_path = functools.partial(fast.load_fast_proto, source, label, name or source.graph.name or "model")
+        full_path = functools.partial(load_proto, source, label, None, name, input_shapes, {})
+    elif isinstance(source, (str, os.PathLike)):
+        path = source if isinstance(source, Path) else Path(source)
+        label = os.fspath(source)
+        fast_path = functools.partial(fast.load_fast, path, label, name or path.stem)
+        full_path = functools.partial(load_file, path, label, name, input_shapes)
+    else:
         raise TypeError(f"load() expects a path or an onnx.ModelProto, got {type(source).__name__}")
-    path = source if isinstance(source, Path) else Path(source)
-    label = os.fspath(source)
     fallback = _not_tried(label, input_shapes)
     if fallback is None:
-        result = fast.load_fast(path, label, name or path.stem)
+        result = fast_path()
         if not isinstance(result, FastPathFallback):
             return result
         fallback = result
     if on_fallback is not None:
         on_fallback(fallback)
-    return load_file(path, label, name, input_shapes)
+    return full_path()
 
 
 def iter_load(

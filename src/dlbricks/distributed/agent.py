@@ -1,20 +1,17 @@
-"""The timing agent: a Ray actor that holds its node's timing slot, generates each brick
-on that node and times it in an isolated worker pinned to the node's cores."""
+"""The timing agent: a Ray actor that holds its node's timing slot, generates bricks on
+that node and measures them with the same engine as a local bench, pinned to the
+node's cores."""
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
-import queue
 import shutil
 import tempfile
-import threading
-import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -61,13 +58,12 @@ def node_cores(cores: Sequence[int] | None, env: Mapping[str, str] | None = None
 
 
 class TimingAgent:
-    """A Ray actor: generates and times bricks on its node, one at a time.
+    """A Ray actor: generates and measures batches of bricks on its node.
 
-    Timing runs in an isolated worker process (kept across bricks, replaced after a
-    crash or a timeout), fed through a queue by a thread that runs
-    :func:`dlbricks.timing.workers.run_isolated`; the actor's own thread generates the next
-    brick only after the previous result is back, so generation never overlaps a
-    timing.
+    Each batch runs through the measurement engine (:mod:`dlbricks.timing.engine`), as a
+    local bench does: interleaved rounds over the batch's sessions in a worker process
+    pinned to the node's cores, a crashing or hanging session recorded as failed while
+    the rest go on. Bricks are generated on this node when their sessions open.
     """
 
     def __init__(self, config: dict[str, Any], seed: int) -> None:
@@ -83,31 +79,6 @@ class TimingAgent:
         self.seed = seed
         self.workdir = Path(tempfile.mkdtemp(prefix="dlbricks-agent-"))
         self.models: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
-        self.jobs: queue.Queue = queue.Queue()
-        self.results: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._serve, name="dlbricks-timing", daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        from dlbricks.timing import Failure
-        from dlbricks.timing.workers import run_isolated
-
-        done = False
-
-        def jobs() -> Iterator[Any]:
-            nonlocal done
-            while True:
-                job = self.jobs.get()
-                if job is None:
-                    done = True
-                    return
-                yield job
-
-        while not done:
-            try:
-                run_isolated(jobs(), self.config, on_result=lambda job, result: self.results.put(result))
-            except Exception as exc:  # the worker could not start: this job fails, the next retries
-                self.results.put(Failure(f"timing worker failed: {exc}", "error"))
 
     def info(self) -> dict[str, Any]:
         """This node: its fingerprint, Ray node id, host, pinned cores."""
@@ -142,23 +113,12 @@ class TimingAgent:
             self.models.popitem(last=False)
         return model
 
-    def measure(self, item: dict[str, Any]) -> tuple[str, dict[str, Any], float]:
-        """Generate and time one brick or whole model.
+    def _source(self, item: dict[str, Any]) -> Any:
+        """The engine's source callable for one payload: generates it on this node."""
+        from dlbricks.bricks import generate_brick, model_digest, whole_model
 
-        Returns:
-            ("ok", measurement dict, generation seconds) or ("failed", failure dict, ...).
-        """
-        from dlbricks.bricks import model_digest, whole_model, write_brick
-        from dlbricks.pipeline import write_whole_model
-        from dlbricks.timing import Failure, Measurement
-        from dlbricks.timing.workers import START_TIMEOUT_S, Job
-
-        if self.setup_error is not None:
-            return "failed", Failure(self.setup_error).to_dict(), 0.0
-        kind, d = item["kind"], item["digest"]
-        path = self.workdir / kind / f"{d}.onnx"
-        t0 = time.perf_counter()
-        try:
+        def source() -> tuple[bytes | str, dict[str, int] | None]:
+            kind, d = item["kind"], item["digest"]
             model = self._model(item["path"], item["input_shapes"])
             if kind == "brick":
                 members = list(item["members"])
@@ -166,33 +126,53 @@ class TimingAgent:
                 if got != item["expect"]:
                     raise DlbricksError(f"{item['path']}: the model on this node differs from the driver's "
                                         "(layer digests)")
-                _, info = write_brick(model, members, path, seed=self.seed, digest=d, G=item["G"])
+                proto, info = generate_brick(model, members, seed=self.seed, digest=d, G=item["G"])
             else:
                 if model_digest(model) != d:
                     raise DlbricksError(f"{item['path']}: the model on this node differs from the driver's "
                                         "(model digest)")
                 proto, info = whole_model(model, seed=self.seed)
-                write_whole_model(proto, path)
-        except DlbricksError as exc:
-            return "failed", Failure(str(exc)).to_dict(), time.perf_counter() - t0
-        gen_s = time.perf_counter() - t0
+            bounds = dict(info.int_bounds) or None
+            if proto.ByteSize() < (1 << 30):
+                return proto.SerializeToString(), bounds
+            from dlbricks.pipeline import write_whole_model
+
+            path = self.workdir / kind / f"{d}.onnx"
+            write_whole_model(proto, path)
+            return str(path), bounds
+
+        return source
+
+    def measure(self, items: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], float]]:
+        """Generate and measure a batch of bricks or whole models, in the given order.
+
+        Returns:
+            per item ("ok", measurement dict, generation seconds) or ("failed", failure dict, ...).
+        """
+        from dlbricks.timing import Failure, Measurement
+        from dlbricks.timing.engine import EngineItem, measure
+
+        if self.setup_error is not None:
+            return [("failed", Failure(self.setup_error).to_dict(), 0.0) for _ in items]
+        engine_items = [
+            EngineItem(f"{it['kind']}:{it['digest']}", self._source(it), seed=self.seed, warm=it["kind"] == "model",
+                       label=f"{it['kind']} {it['digest'][:12]}")
+            for it in items
+        ]
+        results: dict[str, Any] = {}
         try:
-            self.jobs.put(Job(id=f"{kind}:{d}", path=str(path), int_bounds=info.int_bounds or None, seed=self.seed))
-            try:
-                # run_isolated enforces the job's timeout; this only guards a dead serving thread.
-                result = self.results.get(timeout=self.config.timeout_s + START_TIMEOUT_S + 60.0)
-            except queue.Empty:
-                result = Failure(f"{path}: no result from the timing worker", "timeout")
+            measure(engine_items, [], self.config, on_result=lambda it, r: results.__setitem__(it.id, r))
+        except DlbricksError as exc:  # the worker could not start: this batch fails, the next retries
+            return [("failed", Failure(f"timing worker failed: {exc}", "error").to_dict(), 0.0) for _ in items]
         finally:
-            with contextlib.suppress(OSError):
-                path.unlink()
-                Path(str(path) + ".data").unlink(missing_ok=True)
-        if isinstance(result, Measurement):
-            return "ok", result.to_dict(), gen_s
-        return "failed", result.to_dict(), gen_s
+            for child in self.workdir.iterdir():
+                shutil.rmtree(child, ignore_errors=True)
+        out = []
+        for it in engine_items:
+            r = results.get(it.id) or Failure(f"{it.label}: no result from the engine", "error")
+            out.append(("ok" if isinstance(r, Measurement) else "failed", r.to_dict(), it.prep_s))
+        return out
 
     def close(self) -> None:
-        """Stop the timing worker and remove the agent's files."""
-        self.jobs.put(None)
-        self.thread.join(30.0)
+        """Remove the agent's files."""
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -7,7 +7,7 @@ import collections
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -16,6 +16,10 @@ from dlbricks.distributed.cluster import TIMING_RESOURCE, check_versions, ray_mo
 from dlbricks.distributed.sketches import ModelSketch
 from dlbricks.errors import DlbricksError, UsageError
 from dlbricks.pipeline import BenchSummary
+
+
+#: The most items one agent measures per call.
+BATCH = 16
 
 
 @dataclass(slots=True)
@@ -50,7 +54,7 @@ class _AgentState:
     actor: Any
     system_id: str | None = None
     info: dict[str, Any] | None = None
-    item: _Item | None = None
+    items: list[_Item] = field(default_factory=list)
     measured: int = 0
     failed: int = 0
     lost: bool = False
@@ -143,7 +147,7 @@ def bench_on_ray(
     work = plan_work(models, Gs, store, bricks=bricks, e2e=e2e)
     payloads: dict[tuple[str, str], dict[str, Any]] = {}
     for w in work:
-        m = w.model
+        m = cast(ModelSketch, w.model)  # plan_work hands back the sketches it was given
         if not m.path:
             raise DlbricksError("a model without a file path cannot be benchmarked on Ray (nodes load it by path)")
         payload: dict[str, Any] = {"kind": w.kind, "digest": w.digest, "path": m.path,
@@ -224,9 +228,10 @@ def bench_on_ray(
             event(f"node {agent.node_id[:12]} cannot time: {why}")
             return
         summary.nodes_lost += 1
-        item, agent.item = agent.item, None
+        items, agent.items = agent.items, []
         msg = f"node {agent.node_id[:12]} lost ({why})"
-        if item is not None and agent.system_id is not None:
+        put_back = 0
+        for item in reversed(items):
             item.attempts += 1
             if item.attempts >= max_attempts:
                 summary.lost += 1
@@ -234,17 +239,23 @@ def bench_on_ray(
             else:
                 summary.retries += 1
                 queues[agent.system_id].appendleft(item)
-                msg += f"; {item.kind} {item.digest[:12]} put back"
+                put_back += 1
+        if put_back:
+            msg += f"; {put_back} item(s) put back"
         event(msg)
 
     def dispatch() -> None:
         for agent in agents.values():
-            if agent.lost or agent.system_id is None or agent.item is not None:
+            if agent.lost or agent.system_id is None or agent.items:
                 continue
             q = queues[agent.system_id]
             if q:
-                agent.item = q.popleft()
-                pending[agent.actor.measure.remote(agent.item.payload)] = ("measure", agent)
+                # Batches interleave within themselves on the node's engine; bounded so
+                # that results stream back and a lost node loses little.
+                live = sum(1 for a in agents.values() if a.system_id == agent.system_id and not a.lost)
+                size = max(1, min(BATCH, -(-len(q) // max(1, live))))
+                agent.items = [q.popleft() for _ in range(min(size, len(q)))]
+                pending[agent.actor.measure.remote([i.payload for i in agent.items])] = ("measure", agent)
 
     def orphans(now: float) -> None:
         probing = any(a.system_id is None and not a.lost for a in agents.values())
@@ -279,7 +290,7 @@ def bench_on_ray(
                         lose(a, f"its agent did not start within {start_timeout_s:.0f} s "
                                 "(timing slot held by another run?)")
                 probing = any(a.system_id is None and not a.lost for a in agents.values())
-                busy = any(a.item is not None for a in agents.values())
+                busy = any(a.items for a in agents.values())
                 if not probing and not busy:
                     if not summary.systems:
                         raise DlbricksError("no timing agent could start on any Ray node (see the warnings above)")
@@ -297,10 +308,11 @@ def bench_on_ray(
                     except ray.exceptions.RayTaskError as exc:
                         if what == "info":
                             lose(agent, str(exc).splitlines()[0])
-                        elif agent.item is not None and agent.system_id is not None:
-                            # The agent raised (its node is fine): this item fails, the agent goes on.
-                            item, agent.item = agent.item, None
-                            record(agent.system_id, item, Failure(f"agent error: {str(exc).splitlines()[0]}"), agent)
+                        elif agent.items and agent.system_id is not None:
+                            # The agent raised (its node is fine): its batch fails, the agent goes on.
+                            items, agent.items = agent.items, []
+                            for item in items:
+                                record(agent.system_id, item, Failure(f"agent error: {str(exc).splitlines()[0]}"), agent)
                         continue
                     except ray.exceptions.RayError as exc:
                         lose(agent, type(exc).__name__)
@@ -320,11 +332,11 @@ def bench_on_ray(
                             bar.set_total(total[0])
                         summary.systems[sid]["nodes"] += 1
                     else:
-                        status, payload, gen_s = value
-                        item, agent.item = agent.item, None
-                        summary.generate_s += gen_s
-                        result = Measurement.from_dict(payload) if status == "ok" else Failure.from_dict(payload)
-                        record(agent.system_id, item, result, agent)  # type: ignore[arg-type]
+                        items, agent.items = agent.items, []
+                        for item, (status, payload, gen_s) in zip(items, value):
+                            summary.generate_s += gen_s
+                            result = Measurement.from_dict(payload) if status == "ok" else Failure.from_dict(payload)
+                            record(agent.system_id, item, result, agent)  # type: ignore[arg-type]
                 now = time.monotonic()
                 if now - last_refresh >= refresh_s:
                     last_refresh = now

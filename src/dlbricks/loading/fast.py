@@ -37,7 +37,9 @@ from dlbricks.loading.names import norm_domain
 from dlbricks.loading.sizes import MAX_ELEMENTS, numel
 from dlbricks.model import Layer, LazyLayers, LazyMapping, Model, TensorType
 
-__all__ = ["FastPathFallback", "available", "finish_batch", "load_fast", "load_fast_proto", "release", "scan_file"]
+__all__ = [
+    "FastPathFallback", "available", "finish_batch", "infer_light", "load_fast", "load_fast_proto", "release", "scan_file",
+]
 
 try:  # onnx's C++ shape inference on serialized bytes (what onnx.shape_inference wraps)
     from onnx.onnx_cpp2py_export import shape_inference as _c_shape_inference

@@ -296,3 +296,28 @@ def test_the_clock_is_part_of_the_key_and_auto_resolves_by_thread_count():
     assert RunnerConfig(clock="thread").key() == RunnerConfig().key()
     with pytest.raises(Exception, match="clock 'thread'"):
         RunnerConfig(intra_op_threads=2, clock="thread")
+
+
+def test_an_interrupted_run_resumes_from_its_last_checkpoint():
+    specs = {"a": {"ns": 1e5, "cv": 0.02}, "b": {"ns": 2e5, "cv": 0.02}}
+    rng = np.random.default_rng(0)
+    states: dict[str, dict] = {}
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_round_3(done, total, rounds):
+        if rounds == 3:
+            raise Killed
+
+    config = RunnerConfig(min_rounds=6, max_rounds=6)
+    factory = lambda c, t: SyntheticWorker(c, t, rng=rng)  # noqa: E731
+    with pytest.raises(Killed):
+        measure([EngineItem(i, s) for i, s in specs.items()], [], config, on_result=lambda it, r: None,
+                on_round=kill_at_round_3, worker_factory=factory, on_checkpoint=states.update, checkpoint_s=0)
+    assert set(states) == {"a", "b"} and all(len(s["round_medians"]) == 3 for s in states.values())
+    results: dict[str, Measurement] = {}
+    summary = measure([EngineItem(i, s, resume=states[i]) for i, s in specs.items()], [], config,
+                      on_result=lambda it, r: results.__setitem__(it.id, r), worker_factory=factory)
+    assert summary.rounds == 3  # only the rounds the first run had not done
+    assert all(r.rounds == 6 for r in results.values())

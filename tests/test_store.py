@@ -300,14 +300,67 @@ def test_csv_export_has_one_flat_row_per_result(filled, tmp_path):
     assert float(rows[0]["median_ns"]) == 104 and rows[1]["error"].endswith("60 s")
 
 
-def test_json_export_carries_raw_times_systems_and_schema_version(filled):
+def test_json_export_carries_systems_and_schema_version_and_raw_times_only_when_asked(filled):
     buf = io.StringIO()
     with Store(filled) as st:
         st.export("json", buf, kind="brick")
     doc = json.loads(buf.getvalue())
     assert doc["schema_version"] == SCHEMA_VERSION
-    assert len(doc["results"]) == 2 and doc["results"][0]["times_ns"][:2] == [100, 110]
+    assert len(doc["results"]) == 2 and "times_ns" not in doc["results"][0]
     assert fingerprint_id(SYSTEM) in doc["systems"] and CFG.key() in doc["configs"]
+    buf = io.StringIO()
+    with Store(filled) as st:
+        st.export("json", buf, kind="brick", with_times=True)
+    assert json.loads(buf.getvalue())["results"][0]["times_ns"][:2] == [100, 110]
+
+
+def test_export_rows_name_what_each_result_is_and_how_it_was_measured(tmp_path):
+    engine = _measurement()
+    engine.rounds, engine.median_se_ns, engine.stop_reason = 7, 1.5, "max_rounds"
+    with Store(tmp_path / "r.sqlite") as st:
+        st.put_brick("0a" * 16, 1, g=2, op_types=["Conv", "Relu"], meta={"source_model": "net", "layers": 2})
+        st.put_model("0c" * 16, 1, name="net", meta={"path": "/zoo/net/model.onnx", "layers": 9})
+        st.put_result("brick", "0a" * 16, 1, SYSTEM, CFG, engine)
+        st.put_result("model", "0c" * 16, 1, SYSTEM, CFG, _measurement((5, 6, 7)))
+        out = tmp_path / "r.csv"
+        st.export("csv", out)
+    brick, model = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert brick["model"] == "net" and brick["model_path"] == "/zoo/net/model.onnx"
+    assert brick["op_types"] == "Conv+Relu" and brick["G"] == "2" and brick["layers"] == "2"
+    assert brick["rounds"] == "7" and brick["stop_reason"] == "max_rounds" and brick["converged"] == "False"
+    assert brick["config.intra_op_threads"] == str(CFG.intra_op_threads)
+    assert brick["config.precision"] == str(CFG.precision) and "drift" in brick and "p99_ns" in brick
+    # A single contiguous run has no stopping rule of the engine's to judge it by.
+    assert model["model"] == "net" and model["converged"] == "" and model["layers"] == "9"
+
+
+def test_results_command_filters_by_model_file_with_occurrences_and_shapes(tmp_path, capsys):
+    import onnx
+
+    from test_pipeline import chain_model, diamond_model
+    from dlbricks.loading import load
+    from dlbricks.pipeline import bench
+
+    a, b = tmp_path / "chain.onnx", tmp_path / "diamond.onnx"
+    onnx.save(chain_model(3), str(a))
+    onnx.save(diamond_model(), str(b))
+    store = tmp_path / "s.sqlite"
+    fast = RunnerConfig(cores=None, max_rounds=5)
+    with Store(store) as st:
+        bench([load(a), load(b)], [1], store=st, config=fast, e2e=True)
+    assert main(["results", "--store", str(store), "--model", str(a), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {(r["kind"], r["op_types"]): r for r in doc["results"]}
+    assert set(rows) == {("brick", "Conv"), ("brick", "Relu"), ("model", None)}
+    conv = rows[("brick", "Conv")]
+    assert conv["occurrences"] == 3 and conv["model"] == "chain" and conv["model_path"] == str(a)
+    assert json.loads(conv["shapes"])[0][0] == "float32[1x4x8x8]"
+    assert rows[("model", None)]["model"] == "chain"
+    # By the name the store knows it under, too.
+    assert main(["results", "--store", str(store), "--model", "diamond", "--format", "json"]) == 0
+    assert {r["model"] for r in json.loads(capsys.readouterr().out)["results"]} == {"diamond"}
+    assert main(["results", "--store", str(store), "--model", "nothing"]) == 2
+    assert "--model nothing" in capsys.readouterr().err
 
 
 def test_export_rejects_unknown_formats(filled):
@@ -330,8 +383,11 @@ def test_parquet_export_round_trips_when_pyarrow_is_installed(filled, tmp_path):
     with Store(filled) as st:
         st.export("parquet", tmp_path / "r.parquet")
     table = pq.read_table(tmp_path / "r.parquet").to_pydict()
-    assert table["status"] == ["ok", "failed", "ok"] and table["times_ns"][1] is None
-    assert table["times_ns"][2] == [5, 6, 7]
+    assert table["status"] == ["ok", "failed", "ok"] and "times_ns" not in table
+    with Store(filled) as st:
+        st.export("parquet", tmp_path / "t.parquet", with_times=True)
+    table = pq.read_table(tmp_path / "t.parquet").to_pydict()
+    assert table["times_ns"][1] is None and table["times_ns"][2] == [5, 6, 7]
 
 
 def test_dataframe_has_a_row_per_result_when_pandas_is_installed(filled):
@@ -355,7 +411,8 @@ def test_results_command_writes_csv_to_a_file(filled, tmp_path, capsys):
 
 
 def test_results_command_fails_cleanly_on_a_missing_or_foreign_store(tmp_path, capsys):
-    assert main(["results", "--store", str(tmp_path / "none.sqlite")]) == 1
+    assert main(["results", "--store", str(tmp_path / "none.sqlite")]) == 2
+    assert not (tmp_path / "none.sqlite").exists()
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"\x00" * 64)
     assert main(["results", "--store", str(junk)]) == 1
@@ -384,3 +441,15 @@ def test_fingerprint_id_counts_identity_fields_only():
     other_ort = {**fp, "versions": {**fp["versions"], "onnxruntime": "0.0.1"}}
     assert fingerprint_id(other_ort) != fingerprint_id(fp)
     assert "cpu.model" in IDENTITY_FIELDS and "hostname" not in IDENTITY_FIELDS
+
+
+def test_partial_rounds_are_kept_until_the_final_result_replaces_them(tmp_path):
+    with Store(tmp_path / "r.sqlite") as st:
+        st.put_system(SYSTEM)
+        st.put_config(CFG)
+        sid, key = fingerprint_id(SYSTEM), CFG.key()
+        st.put_partials([("brick", "aa" * 16, 1, sid, key, {"round_medians": [1.0, 2.0]})])
+        assert st.get_partials("brick", 1, sid, key) == {"aa" * 16: {"round_medians": [1.0, 2.0]}}
+        assert st.get_partials("model", 1, sid, key) == {}
+        st.put_result("brick", "aa" * 16, 1, sid, key, _measurement())
+        assert st.get_partials("brick", 1, sid, key) == {}

@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Sequence, cast
 
 import numpy as np
 
@@ -30,6 +30,8 @@ from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.versions import brick_digest_version, model_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
     from dlbricks.store import Store
     from dlbricks.timing.config import RunnerConfig
 
@@ -168,6 +170,7 @@ def bench(
     on_event: Callable[[str], None] | None = None,
     e2e_models: Sequence[Model] | None = None,
     brick_dirs: Sequence[str | Path] = (),
+    remeasure: Collection[str] = (),
 ) -> BenchSummary:
     """Measure every unique brick (and, with ``e2e``, every whole model) not yet stored.
 
@@ -189,6 +192,8 @@ def bench(
             decomposed (runtime-graph decomposition times the source models end to end).
         brick_dirs: folders of bricks written by :func:`dlbricks.bricks.generate_bricks`
             (``<digest>.onnx``); a brick found there is timed from there, not rebuilt.
+        remeasure: digests (bricks or whole models) to measure again although the
+            store has them (``--remeasure-unstable``: :meth:`dlbricks.quality.Assessment.remeasure`).
 
     Returns:
         a :class:`BenchSummary`.
@@ -209,6 +214,12 @@ def bench(
     if e2e:
         summary.models_total = len(e2e_models if e2e_models is not None else models)
     todo, reused = missing_work(items, store, system_id, config_key, force=force, retry_failed=retry_failed)
+    if remeasure:
+        queued = {w.digest for w in todo}
+        again = [w for w in items if w.digest in remeasure and w.digest not in queued]
+        todo += again
+        for w in again:
+            reused[w.kind] -= 1
     for kind, n in reused.items():
         setattr(summary, f"{kind}s_reused", n)
 
@@ -218,6 +229,22 @@ def bench(
         bar.set_total(len(todo))
         engine_items = [_engine_item(w, out, brick_dirs, seed) for w in todo]
         kinds = {f"{w.kind}:{w.digest}": (w.kind, w.digest) for w in todo}
+        # Rounds an interrupted run checkpointed go on from where they were.
+        partial = {
+            f"{kind}:{d}": st
+            for kind, ver in (("brick", bver), ("model", mver))
+            for d, st in store.get_partials(kind, ver, system_id, config_key).items()
+        }
+        if not force:
+            for it in engine_items:
+                it.resume = partial.get(it.id)
+
+        def on_checkpoint(states: dict[str, dict]) -> None:
+            store.put_partials(
+                (kinds[i][0], kinds[i][1], bver if kinds[i][0] == "brick" else mver, system_id, config_key, st)
+                for i, st in states.items() if i in kinds
+            )
+
         probes: dict[str, Measurement | Failure] = {}
         if bricks and config.call_overhead and (force or calibration.stored(store, system_id, config_key) is None):
             engine_items += calibration.probe_items(seed)
@@ -249,7 +276,8 @@ def bench(
                 with contextlib.suppress(OSError):
                     path.unlink()
 
-        measure(engine_items, precision_groups(models, Gs, todo), config, on_result=on_result, jobs=jobs)
+        measure(engine_items, precision_groups(models, Gs, todo), config, on_result=on_result, jobs=jobs,
+                on_checkpoint=on_checkpoint)
         if probes:
             calibration.record(store, system_id, config_key, probes)
         summary.generate_s = sum(it.prep_s for it in engine_items)
@@ -267,15 +295,17 @@ def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed:
     handed over as bytes (no file written and read back) unless it is too large."""
     from dlbricks.bricks import generate_brick, whole_model
 
+    model = cast(Model, w.model)  # bench plans loaded Models; only Ray's driver plans sketches
+
     def source() -> tuple[bytes | str, dict[str, int] | None]:
         if w.kind == "brick":
             for b in brick_dirs:
                 if (Path(b) / f"{w.digest}.onnx").exists():
                     return str(Path(b) / f"{w.digest}.onnx"), None
             assert w.members is not None
-            proto, info = generate_brick(w.model, w.members, seed=seed, digest=w.digest, G=w.G)
+            proto, info = generate_brick(model, w.members, seed=seed, digest=w.digest, G=w.G)
         else:
-            proto, info = whole_model(w.model, seed=seed)
+            proto, info = whole_model(model, seed=seed)
         bounds = dict(info.int_bounds) or None
         if proto.ByteSize() < _BYTES_LIMIT:
             return proto.SerializeToString(), bounds
@@ -309,7 +339,7 @@ def precision_groups(models: Sequence[ModelLike], Gs: Sequence[int], todo: Seque
     return groups
 
 
-def write_whole_model(proto: object, path: Path) -> None:
+def write_whole_model(proto: onnx.ModelProto, path: Path) -> None:
     """Write a whole-model brick (weights inline or, when large, as external data)
     through a temporary file, so a reader never sees part of one."""
     import onnx

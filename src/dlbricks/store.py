@@ -18,7 +18,6 @@ nothing is lost.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import sqlite3
@@ -30,7 +29,7 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from dlbricks.errors import DlbricksError
-from dlbricks.files import write_atomically
+from dlbricks.files import atomic_text
 from dlbricks.timing import Failure, Measurement, RunnerConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,6 +41,9 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "ResultRecord", "Store", "StoreEr
 APPLICATION_ID = 0x444C4252
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KINDS = ("brick", "model")
+# Runner settings flattened into every exported row as ``config.<name>``.
+_CONFIG_COLUMNS = ("intra_op_threads", "inter_op_threads", "execution_mode", "graph_optimization", "cores",
+                   "cache_state", "clock", "denormals_as_zero", "precision", "min_rounds", "max_rounds")
 EXPORT_FORMATS = ("csv", "json", "parquet")
 
 # Each entry upgrades the schema from version i to i + 1; SCHEMA_VERSION is their count.
@@ -110,30 +112,62 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (system_id, config_key, name)
     );
     """,
+    # The measurement engine's rounds so far for results not yet final, so that a
+    # killed run resumes where it was (timing.engine: a checkpoint per round or two).
+    """
+    CREATE TABLE partials (
+        kind           TEXT NOT NULL,
+        digest         TEXT NOT NULL,
+        digest_version INTEGER NOT NULL,
+        system_id      TEXT NOT NULL,
+        config_key     TEXT NOT NULL,
+        state          TEXT NOT NULL,
+        updated_at     TEXT NOT NULL,
+        PRIMARY KEY (kind, digest, digest_version, system_id, config_key)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
-# Columns of a flat result row (exports, dataframes); times and JSON blobs excluded.
+# Columns of a flat result row (exports, dataframes): what the result is (model names
+# and paths, op types, G, shapes), how it was measured (its statistics, drift, rounds,
+# stop reason) and the runner settings that produced it; raw times excluded.
 _FLAT_COLUMNS = (
     "kind",
     "digest",
     "digest_version",
-    "system_id",
-    "config_key",
+    "model",
+    "model_path",
+    "op_types",
+    "layers",
+    "G",
+    "shapes",
+    "occurrences",
     "status",
     "n",
     "median_ns",
     "min_ns",
     "mean_ns",
     "stddev_ns",
+    "p90_ns",
+    "p99_ns",
     "ci_low_ns",
     "ci_high_ns",
+    "ci_rel_halfwidth",
     "cv",
-    "unstable",
+    "drift",
+    "rounds",
+    "median_se_ns",
+    "stop_reason",
+    "converged",
+    "system_id",
+    "config_key",
+    *(f"config.{k}" for k in _CONFIG_COLUMNS),
     "error",
     "created_at",
 )
 _BUSY_TIMEOUT_S = 60.0
 _CHUNK = 500  # parameters per IN (...) query, well under SQLite's limit
+_BATCH = 1000  # results fetched per query when iterating
 
 
 class StoreError(DlbricksError):
@@ -190,28 +224,67 @@ class ResultRecord:
     def median_ns(self) -> float | None:
         return None if self.stats is None else float(self.stats["median"])
 
-    def flat(self) -> dict[str, Any]:
-        """One row of scalars (see the CSV export)."""
+    def flat(self, described: Mapping[str, Any] | None = None,
+             config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One row of scalars (see the CSV export).
+
+        Args:
+            described: what the result is (``model``, ``model_path``, ``op_types``,
+                ``layers``, ``G``, ``shapes``, ``occurrences``), from the store's
+                catalogue or the models given to the export.
+            config: the runner settings under this result's key, for results stored
+                without their own (older stores).
+        """
         s = self.stats or {}
-        return {
+        meta = self.meta or {}
+        d = dict(described or {})
+        median = s.get("median")
+        rel = None
+        if isinstance(median, (int, float)) and median > 0 and s.get("ci_low") is not None:
+            rel = max(median - s["ci_low"], s["ci_high"] - median) / median
+        rounds = meta.get("rounds")
+        cfg = meta.get("config") or config or {}
+        ops = d.get("op_types")
+        shapes = d.get("shapes")
+        row = {
             "kind": self.kind,
             "digest": self.digest,
             "digest_version": self.digest_version,
-            "system_id": self.system_id,
-            "config_key": self.config_key,
+            "model": d.get("model"),
+            "model_path": d.get("model_path"),
+            "op_types": "+".join(ops) if isinstance(ops, (list, tuple)) else ops,
+            "layers": d.get("layers"),
+            "G": d.get("G"),
+            "shapes": json.dumps(shapes, separators=(",", ":")) if shapes is not None and not isinstance(shapes, str)
+            else shapes,
+            "occurrences": d.get("occurrences"),
             "status": self.status,
             "n": s.get("n"),
-            "median_ns": s.get("median"),
+            "median_ns": median,
             "min_ns": s.get("min"),
             "mean_ns": s.get("mean"),
             "stddev_ns": s.get("stddev"),
+            "p90_ns": s.get("p90"),
+            "p99_ns": s.get("p99"),
             "ci_low_ns": s.get("ci_low"),
             "ci_high_ns": s.get("ci_high"),
+            "ci_rel_halfwidth": rel,
             "cv": s.get("cv"),
-            "unstable": s.get("unstable"),
+            "drift": s.get("drift"),
+            "rounds": rounds,
+            "median_se_ns": meta.get("median_se_ns"),
+            "stop_reason": meta.get("stop_reason"),
+            # Only the measurement engine has a stopping rule to judge by (rounds > 0).
+            "converged": (meta.get("stop_reason") == "converged") if rounds else None,
+            "system_id": self.system_id,
+            "config_key": self.config_key,
             "error": self.error,
             "created_at": self.created_at,
         }
+        for k in _CONFIG_COLUMNS:
+            v = cfg.get(k)
+            row[f"config.{k}"] = ",".join(str(c) for c in v) if isinstance(v, (list, tuple)) else v
+        return row
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict with every field (times as a list)."""
@@ -381,6 +454,26 @@ class Store:
             (system_id, config_key, name, json.dumps(dict(value), sort_keys=True), _now()),
         )])
 
+    def put_partials(
+        self, rows: Iterable[tuple[str, str, int, str, str, Mapping[str, Any]]]
+    ) -> None:
+        """Record (replace), in one transaction, the engine's state of results not yet
+        final: (kind, digest hex, digest_version, system_id, config_key, state)."""
+        now = _now()
+        self._write([
+            ("INSERT OR REPLACE INTO partials (kind, digest, digest_version, system_id, config_key, state, updated_at) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?)", (k, d, int(v), sid, ck, json.dumps(dict(st)), now))
+            for k, d, v, sid, ck, st in rows
+        ])
+
+    def get_partials(self, kind: str, digest_version: int, system_id: str, config_key: str) -> dict[str, dict[str, Any]]:
+        """The recorded partial states of one kind, by digest."""
+        rows = self._con.execute(
+            "SELECT digest, state FROM partials WHERE kind = ? AND digest_version = ? AND system_id = ? AND config_key = ?",
+            (kind, int(digest_version), system_id, config_key),
+        ).fetchall()
+        return {d: json.loads(st) for d, st in rows}
+
     def get_calibration(self, system_id: str, config_key: str, name: str) -> dict[str, Any] | None:
         """A calibration recorded with :meth:`put_calibration`, or None."""
         row = self._con.execute(
@@ -434,10 +527,13 @@ class Store:
             stmts.append((_SQL_CONFIG, (config_key, json.dumps(config.to_dict(), sort_keys=True), _now())))
         else:
             config_key = str(config)
+        row: tuple[Any, ...]  # the result columns: every value, or a failure's Nones
         if isinstance(result, Measurement):
             d = result.to_dict()
             s = result.stats
-            meta = {k: v for k, v in d.items() if k not in ("times_ns", "stats", "config")}
+            # The settings that produced this result, whatever the config it is keyed
+            # under first recorded (that keeps only what the key covers reliably).
+            meta = {k: v for k, v in d.items() if k not in ("times_ns", "stats")}
             row = (
                 "ok",
                 s.n,
@@ -458,7 +554,11 @@ class Store:
             row = ("failed",) + (None,) * 11 + (json.dumps(result.to_dict()), result.error)
         else:
             raise TypeError(f"result must be a Measurement or a Failure, got {type(result).__name__}")
-        stmts.append((_SQL_RESULT, (kind, _hex(digest), int(digest_version), system_id, config_key) + row + (_now(),)))
+        key = (kind, _hex(digest), int(digest_version), system_id, config_key)
+        stmts.append((_SQL_RESULT, key + row + (_now(),)))
+        # A final result supersedes the rounds kept for it.
+        stmts.append(("DELETE FROM partials WHERE kind = ? AND digest = ? AND digest_version = ? AND system_id = ? "
+                      "AND config_key = ?", key))
         try:
             self._write(stmts)
         except sqlite3.IntegrityError as exc:
@@ -533,6 +633,34 @@ class Store:
         ).fetchone()
         return _record(row) if row else None
 
+    def get_results(
+        self,
+        kind: str,
+        digests: Iterable[bytes | str],
+        digest_version: int,
+        system_id: str,
+        config_key: str,
+        *,
+        with_times: bool = False,
+    ) -> dict[str, ResultRecord]:
+        """The stored results of many digests under one key: hex digest -> record
+        (digests without a result are absent). Raw times only ``with_times``."""
+        wanted = list(dict.fromkeys(_hex(d) for d in digests))
+        cols = _RECORD_COLUMNS if with_times else _RECORD_COLUMNS.replace("times,", "NULL,")
+        out: dict[str, ResultRecord] = {}
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows = self._con.execute(
+                f"SELECT {cols} FROM results WHERE kind = ? AND digest_version = ? AND system_id = ? "
+                f"AND config_key = ? AND digest IN ({marks})",
+                (kind, int(digest_version), system_id, config_key, *chunk),
+            ).fetchall()
+            for row in rows:
+                rec = _record(row)
+                out[rec.digest] = rec
+        return out
+
     def missing(
         self,
         kind: str,
@@ -583,14 +711,18 @@ class Store:
                 where.append(f"{col} = ?")
                 params.append(val)
         cols = _RECORD_COLUMNS if with_times else _RECORD_COLUMNS.replace("times,", "NULL,")
-        sql = f"SELECT {cols} FROM results"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id"
-        # fetchall: a generator holding a cursor open would pin a WAL read snapshot.
-        rows = self._con.execute(sql, params).fetchall()
-        for row in rows:
-            yield _record(row)
+        # Batches by row id, each fetched whole: a cursor held open across the caller's
+        # work would pin a WAL read snapshot, and one fetchall of a large store with
+        # its raw times would hold all of them in memory at once.
+        last = 0
+        while True:
+            sql = f"SELECT id, {cols} FROM results WHERE " + " AND ".join(["id > ?", *where])
+            rows = self._con.execute(sql + f" ORDER BY id LIMIT {_BATCH}", (last, *params)).fetchall()
+            for row in rows:
+                yield _record(row[1:])
+            if len(rows) < _BATCH:
+                return
+            last = rows[-1][0]
 
     def systems(self) -> dict[str, dict[str, Any]]:
         """System id -> fingerprint."""
@@ -633,7 +765,59 @@ class Store:
 
     # ------------------------------------------------------------------ export
 
-    def to_dataframe(self, *, kind: str | None = None) -> pandas.DataFrame:
+    def describe(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """What each stored digest is, from the catalogue: (kind, digest) -> ``model``,
+        ``model_path``, ``op_types``, ``layers``, ``G`` and ``shapes`` (what is known).
+
+        A brick's ``model`` is the model it was first seen in; its path is that
+        model's, when the model was measured end to end.
+        """
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        paths: dict[str, str] = {}
+        for (d, _v), m in self.models().items():
+            meta = m.get("meta") or {}
+            out[("model", d)] = {"model": m.get("name"), "model_path": meta.get("path"), "layers": meta.get("layers")}
+            if m.get("name") and meta.get("path"):
+                paths.setdefault(m["name"], meta["path"])
+        for (d, _v), b in self.bricks().items():
+            meta = b.get("meta") or {}
+            source = meta.get("source_model")
+            ops = b.get("op_types")
+            out[("brick", d)] = {"model": source, "model_path": meta.get("source_path") or paths.get(source),
+                                 "op_types": ops, "layers": meta.get("layers", len(ops) if ops else None),
+                                 "G": b.get("g"), "shapes": b.get("shapes")}
+        return out
+
+    def rows(
+        self,
+        *,
+        kind: str | None = None,
+        only: Iterable[tuple[str, str]] | None = None,
+        described: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+        with_times: bool = False,
+    ) -> Iterator[tuple[ResultRecord, dict[str, Any]]]:
+        """Each result with its flat row (:meth:`ResultRecord.flat`), oldest first.
+
+        Args:
+            kind: only results of this kind.
+            only: only these (kind, digest) pairs (e.g. the results of some models).
+            described: per (kind, digest), what to say the result is, over the
+                catalogue's :meth:`describe` (model names and paths, occurrences, shapes).
+            with_times: load the raw iteration times.
+        """
+        catalogue = self.describe()
+        configs = self.configs()
+        keep = set(only) if only is not None else None
+        for rec in self.results(kind=kind, with_times=with_times):
+            key = (rec.kind, rec.digest)
+            if keep is not None and key not in keep:
+                continue
+            info = dict(catalogue.get(key, {}))
+            info.update({k: v for k, v in (described or {}).get(key, {}).items() if v is not None})
+            yield rec, rec.flat(info, configs.get(rec.config_key))
+
+    def to_dataframe(self, *, kind: str | None = None,
+                     only: Iterable[tuple[str, str]] | None = None) -> pandas.DataFrame:
         """Flat results (one row per result, no raw times) as a pandas DataFrame.
 
         Raises:
@@ -643,21 +827,34 @@ class Store:
             import pandas as pd
         except ImportError as exc:
             raise StoreError("to_dataframe needs pandas: pip install pandas") from exc
-        rows = [r.flat() for r in self.results(kind=kind, with_times=False)]
+        rows = [row for _, row in self.rows(kind=kind, only=only)]
         return pd.DataFrame(rows, columns=list(_FLAT_COLUMNS))
 
-    def export(self, fmt: str, file: str | os.PathLike | IO[Any], *, kind: str | None = None) -> int:
-        """Write results to ``file`` (a path or an open file).
+    def export(
+        self,
+        fmt: str,
+        file: str | os.PathLike | IO[Any],
+        *,
+        kind: str | None = None,
+        with_times: bool = False,
+        only: Iterable[tuple[str, str]] | None = None,
+        described: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+    ) -> int:
+        """Write results to ``file`` (a path, written whole or not at all, or an open file).
 
-        ``csv``: one flat row per result (no raw times). ``json``: an object with
-        ``schema_version``, ``systems``, ``configs``, ``bricks``, ``models`` and every
-        result with its raw times. ``parquet``: the flat rows plus a ``times_ns``
-        list column (needs pyarrow; a file object must be binary).
+        Every format has the flat row of each result (:data:`_FLAT_COLUMNS`: what it
+        is, its statistics, drift, rounds and stop reason, the runner settings).
+        ``csv``: those rows. ``json``: an object with ``schema_version``, ``systems``,
+        ``configs`` and ``results`` (each row plus its ``meta``, and ``times_ns``
+        ``with_times``), written result by result, never built whole in memory.
+        ``parquet``: the rows, plus a ``times_ns`` list column ``with_times`` (needs
+        pyarrow; a file object must be binary).
 
         Args:
             fmt: ``"csv"``, ``"json"`` or ``"parquet"``.
             file: destination.
-            kind: only results of this kind.
+            kind, only, described: as for :meth:`rows`.
+            with_times: include every raw iteration time (large).
 
         Returns:
             The number of results written.
@@ -667,7 +864,7 @@ class Store:
         """
         if fmt not in EXPORT_FORMATS:
             raise StoreError(f"export format must be one of {EXPORT_FORMATS}, got {fmt!r}")
-        records = list(self.results(kind=kind, with_times=fmt != "csv"))
+        rows = self.rows(kind=kind, only=only, described=described, with_times=with_times)
         if fmt == "parquet":
             try:
                 import pyarrow as pa
@@ -676,36 +873,50 @@ class Store:
                 raise StoreError("parquet export needs pyarrow: pip install pyarrow") from exc
             cols: dict[str, list[Any]] = {c: [] for c in _FLAT_COLUMNS}
             times: list[list[int] | None] = []
-            for r in records:
-                for c, v in r.flat().items():
-                    cols[c].append(v)
-                times.append(None if r.times_ns is None else r.times_ns.tolist())
-            table = pa.table({**cols, "times_ns": pa.array(times, type=pa.list_(pa.int64()))})
+            n = 0
+            for rec, row in rows:
+                for c in _FLAT_COLUMNS:
+                    cols[c].append(row[c])
+                times.append(None if rec.times_ns is None else rec.times_ns.tolist())
+                n += 1
+            data: dict[str, Any] = dict(cols)
+            if with_times:
+                data["times_ns"] = pa.array(times, type=pa.list_(pa.int64()))
             target = os.fspath(file) if isinstance(file, (str, os.PathLike)) else file
-            pq.write_table(table, target)
-            return len(records)
-        if fmt == "csv":
-            buf = io.StringIO()
-            writer = csv.DictWriter(buf, fieldnames=list(_FLAT_COLUMNS), lineterminator="\n")
-            writer.writeheader()
-            for r in records:
-                writer.writerow(r.flat())
-            text = buf.getvalue()
-        else:
-            doc = {
-                "schema_version": SCHEMA_VERSION,
-                "systems": self.systems(),
-                "configs": self.configs(),
-                "bricks": [{"digest": d, "digest_version": v, **m} for (d, v), m in self.bricks().items()],
-                "models": [{"digest": d, "digest_version": v, **m} for (d, v), m in self.models().items()],
-                "results": [r.to_dict() for r in records],
-            }
-            text = json.dumps(doc, indent=1) + "\n"
+            pq.write_table(pa.table(data), target)
+            return n
         if isinstance(file, (str, os.PathLike)):
-            write_atomically(file, text)
-        else:
-            file.write(text)
-        return len(records)
+            with atomic_text(file) as fh:
+                return self._write_text(fmt, fh, rows)
+        return self._write_text(fmt, file, rows)
+
+    def _write_text(self, fmt: str, fh: IO[str], rows: Iterator[tuple[ResultRecord, dict[str, Any]]]) -> int:
+        n = 0
+        if fmt == "csv":
+            writer = csv.DictWriter(fh, fieldnames=list(_FLAT_COLUMNS), lineterminator="\n")
+            writer.writeheader()
+            for _, row in rows:
+                writer.writerow(row)
+                n += 1
+            return n
+        # One result per line inside a fixed envelope: streamed, and still one JSON document.
+        fh.write(f'{{"schema_version": {SCHEMA_VERSION},\n"systems": {json.dumps(self.systems())},\n'
+                 f'"configs": {json.dumps(self.configs())},\n"results": [')
+        for rec, row in rows:
+            entry = dict(row)
+            entry["meta"] = {k: v for k, v in (rec.meta or {}).items() if k != "config"}
+            if rec.times_ns is not None:
+                entry["times_ns"] = rec.times_ns.tolist()
+            fh.write(("\n" if n == 0 else ",\n") + json.dumps(entry, separators=(",", ":"), default=_json_default))
+            n += 1
+        fh.write("\n]}\n")
+        return n
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 _SQL_SYSTEM = "INSERT OR IGNORE INTO systems (id, fingerprint, created_at) VALUES (?, ?, ?)"

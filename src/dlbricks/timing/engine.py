@@ -61,6 +61,8 @@ _LEVEL = 0.95
 #: Open requests in flight per worker: enough to overlap generation here with session
 #: building there, few enough that a crash re-sends little.
 _OPEN_AHEAD = 3
+#: Iteration times a checkpoint keeps per result (the per-round medians are kept whole).
+_CHECKPOINT_TIMES = 128
 
 
 @dataclass
@@ -79,6 +81,8 @@ class EngineItem:
             models: the reference a user measures end to end is a warm loop).
         prep_s: seconds spent preparing it (generation), counted in its cost.
         label: how messages name it.
+        resume: a checkpointed state of an earlier, interrupted run (see
+            ``on_checkpoint`` of :func:`measure`): its rounds count as this run's.
     """
 
     id: str
@@ -88,6 +92,7 @@ class EngineItem:
     warm: bool = False
     prep_s: float = 0.0
     label: str = ""
+    resume: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -270,6 +275,22 @@ class _Track:
     def df(self) -> float:
         return max(1, len(self.round_medians) - 1)
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the per-round medians, a sample of the times, costs."""
+        times = self.times
+        if len(times) > _CHECKPOINT_TIMES:
+            step = len(times) / _CHECKPOINT_TIMES
+            times = [times[int(i * step)] for i in range(_CHECKPOINT_TIMES)]
+        return {"round_medians": self.round_medians, "times": times, "sampling_s": self.sampling_s,
+                "setup_s": self.setup_s, "prep_s": self.item.prep_s}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.round_medians = [float(x) for x in state.get("round_medians", ())]
+        self.times = [int(x) for x in state.get("times", ())]
+        self.sampling_s = float(state.get("sampling_s", 0.0))
+        self.setup_s = float(state.get("setup_s", 0.0))
+        self.item.prep_s += float(state.get("prep_s", 0.0))
+
 
 def _group_state(
     g: Group, tracks: Mapping[str, _Track], precision: float
@@ -411,8 +432,12 @@ class _Engine:
         jobs: int,
         start_timeout_s: float,
         worker_factory: Callable[[RunnerConfig, float], Any] | None,
+        on_checkpoint: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+        checkpoint_s: float = 2.0,
     ) -> None:
         self.config = config
+        self.on_checkpoint = on_checkpoint
+        self.checkpoint_s = checkpoint_s
         self.worker_factory = worker_factory or _Worker
         self.on_result = on_result
         self.on_round = on_round
@@ -424,6 +449,8 @@ class _Engine:
             if it.id in self.tracks:
                 raise DlbricksError(f"measurement engine: item {it.id!r} given twice")
             self.tracks[it.id] = _Track(it, n % len(self.worker_configs))
+            if it.resume:
+                self.tracks[it.id].restore(it.resume)
         known = set(self.tracks)
         self.groups = [Group(g.name, {i: c for i, c in g.terms.items() if i in known and c > 0}) for g in groups]
         # Items no group names still get measured to the precision of their own latency.
@@ -606,6 +633,17 @@ class _Engine:
             except WorkerDied:
                 self.workers[w] = None
 
+    def checkpoint(self, force: bool = False) -> None:
+        if self.on_checkpoint is None:
+            return
+        now = time.perf_counter()
+        if not force and now - getattr(self, "_last_checkpoint", 0.0) < self.checkpoint_s:
+            return
+        self._last_checkpoint = now
+        states = {t.item.id: t.state() for t in self.tracks.values() if t.open and t.round_medians}
+        if states:
+            self.on_checkpoint(states)
+
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()
         budget = _memory_budget(self.config)
@@ -626,6 +664,7 @@ class _Engine:
                     self.summary.rounds += 1
                     last = round_no >= self.config.max_rounds
                     self.finalize(round_no, "max_rounds" if last else None)
+                    self.checkpoint()
                     if self.on_round is not None:
                         self.on_round(self.done, len(self.tracks), self.summary.rounds)
             self.summary.converged_groups = sum(
@@ -649,6 +688,8 @@ def measure(
     jobs: int = 1,
     start_timeout_s: float = START_TIMEOUT_S,
     worker_factory: Callable[[RunnerConfig, float], Any] | None = None,
+    on_checkpoint: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+    checkpoint_s: float = 2.0,
 ) -> EngineSummary:
     """Measure every item to the precision its groups need, in interleaved rounds.
 
@@ -668,6 +709,11 @@ def measure(
             worker process. Simulations pass an in-process stand-in that answers the
             same requests (see :mod:`dlbricks.timing.engine_worker`) from synthetic
             timing streams, and raises :class:`WorkerDied` as a dead process would.
+        on_checkpoint: called at most every ``checkpoint_s`` seconds, after a round,
+            with the state of every item not yet final that has rounds (id -> state);
+            an item given that state as ``EngineItem.resume`` in a later run goes on
+            from there, so a killed run loses at most the rounds since the last one.
+        checkpoint_s: the least time between two checkpoints.
 
     Returns:
         An :class:`EngineSummary`.
@@ -676,5 +722,6 @@ def measure(
         DlbricksError: a worker cannot be started at all, or items repeat.
         Exception: whatever ``on_result`` raises (the workers are stopped first).
     """
-    return _Engine(items, groups, config, on_result, on_round, jobs, start_timeout_s, worker_factory).run()
+    return _Engine(items, groups, config, on_result, on_round, jobs, start_timeout_s, worker_factory, on_checkpoint,
+                   checkpoint_s).run()
 

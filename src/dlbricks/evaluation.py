@@ -7,7 +7,10 @@ then compares each model's latency rebuilt from its bricks
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -16,16 +19,169 @@ import numpy as np
 from dlbricks.corpus import Corpus
 from dlbricks.errors import DlbricksError
 from dlbricks.model import distinct_names, layer_kinds
+from dlbricks.quality import assess, model_flags
 from dlbricks.reconstruct import geomean, predict
 from dlbricks.timing.calibration import call_overhead_ns
 from dlbricks.versions import brick_digest_version, model_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas
+
     from dlbricks.model import Model
+    from dlbricks.quality import Assessment
     from dlbricks.store import ResultRecord, Store
     from dlbricks.timing.config import RunnerConfig
 
-__all__ = ["evaluate"]
+__all__ = ["Evaluation", "GAccuracy", "ModelEvaluation", "evaluate"]
+
+
+@dataclass(frozen=True, slots=True)
+class GAccuracy:
+    """One granularity's results over the corpus (``per_g`` in the JSON form).
+
+    ``speedup`` is the paper's (sum of end-to-end latencies over the sum of the unique
+    bricks' latencies); ``wallclock_speedup`` what the runs cost (seconds spent
+    measuring every model end to end over seconds spent measuring the unique bricks,
+    set-up included).
+    """
+
+    G: int
+    unique_bricks: int
+    bricks: int
+    geomean_normalized: float
+    min_normalized: float
+    max_normalized: float
+    geomean_normalized_parallel: float
+    within_5pct: float
+    within_10pct: float
+    rmspe: float
+    spearman: float
+    speedup: float
+    wallclock_speedup: float
+    e2e_total_s: float
+    bricks_total_s: float
+    e2e_wall_s: float
+    bricks_wall_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEvaluation:
+    """One model: its end-to-end latency and, per G and mode, the prediction (``models``
+    in the JSON form; ``per_g[G][mode]`` has ``latency_s``, ``ci_low_s``, ``ci_high_s``,
+    ``normalized`` and ``normalized_ci``)."""
+
+    name: str
+    path: str | None
+    layers: int
+    e2e_s: float
+    e2e_ci_s: tuple[float, float]
+    per_g: Mapping[int, Mapping[str, Any]]
+    flagged: bool
+    flags: tuple[str, ...]
+
+    def normalized(self, G: int, mode: str = "sequential") -> float:
+        """Predicted over measured latency at ``G`` (NaN when not evaluated)."""
+        entry = self.per_g.get(int(G), {}).get(mode)
+        return float(entry["normalized"]) if entry else math.nan
+
+
+class Evaluation(Mapping[str, Any]):
+    """What :func:`evaluate` returns: typed views (:attr:`per_g`, :attr:`models`,
+    :meth:`accuracy`, :meth:`to_dataframe`) over the JSON form (:meth:`to_dict`), which
+    it also reads as (``result["per_g"]``), so code written for the dict keeps working."""
+
+    def __init__(self, data: Mapping[str, Any], check: Assessment | None = None) -> None:
+        self._data = dict(data)
+        #: The precision check behind ``precision_check`` and each model's ``flags``
+        #: (None for an evaluation read back from JSON).
+        self.check = check
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return (f"Evaluation({len(self._data.get('models', []))} models, G={self._data.get('G')}, "
+                f"system {self._data.get('system_id')})")
+
+    @property
+    def Gs(self) -> list[int]:
+        return [int(g) for g in self._data.get("G", [])]
+
+    @property
+    def system_id(self) -> str:
+        return str(self._data["system_id"])
+
+    @property
+    def config_key(self) -> str:
+        return str(self._data["config_key"])
+
+    @property
+    def call_overhead_ns(self) -> float | None:
+        return self._data.get("call_overhead_ns")
+
+    @property
+    def per_g(self) -> list[GAccuracy]:
+        names = GAccuracy.__slots__  # type: ignore[attr-defined]
+        return [GAccuracy(**{k: g.get(k, math.nan) for k in names}) for g in self._data.get("per_g", [])]
+
+    def accuracy(self, G: int) -> GAccuracy:
+        """The :class:`GAccuracy` of one granularity.
+
+        Raises:
+            KeyError: ``G`` was not evaluated.
+        """
+        for g in self.per_g:
+            if g.G == int(G):
+                return g
+        raise KeyError(f"G={G} was not evaluated (G: {self.Gs})")
+
+    @property
+    def models(self) -> list[ModelEvaluation]:
+        out = []
+        for m in self._data.get("models", []):
+            ci = m.get("e2e_ci_s") or [math.nan, math.nan]
+            out.append(ModelEvaluation(
+                name=m["name"], path=m.get("path"), layers=int(m.get("layers", 0)), e2e_s=float(m["e2e_s"]),
+                e2e_ci_s=(float(ci[0]), float(ci[1])),
+                per_g={int(G): {k: v for k, v in g.items() if k in ("sequential", "parallel")}
+                       for G, g in m.get("per_g", {}).items()},
+                flagged=bool(m.get("flagged", False)), flags=tuple(m.get("flags", ())),
+            ))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form (a copy; schema in README)."""
+        return copy.deepcopy(self._data)
+
+    def to_dataframe(self) -> pandas.DataFrame:
+        """One row per model, G and mode: ``model``, ``path``, ``G``, ``mode``,
+        ``latency_s``, ``ci_low_s``, ``ci_high_s``, ``e2e_s``, ``normalized``,
+        ``normalized_ci_low``, ``normalized_ci_high``, ``flagged``.
+
+        Raises:
+            DlbricksError: pandas is not installed.
+        """
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise DlbricksError("to_dataframe needs pandas: pip install pandas") from exc
+        rows = []
+        for m in self.models:
+            for G, modes in sorted(m.per_g.items()):
+                for mode, p in modes.items():
+                    nci = p.get("normalized_ci") or [math.nan, math.nan]
+                    rows.append({"model": m.name, "path": m.path, "G": G, "mode": mode, "latency_s": p["latency_s"],
+                                 "ci_low_s": p["ci_low_s"], "ci_high_s": p["ci_high_s"], "e2e_s": m.e2e_s,
+                                 "normalized": p["normalized"], "normalized_ci_low": nci[0],
+                                 "normalized_ci_high": nci[1], "flagged": m.flagged})
+        return pd.DataFrame(rows, columns=["model", "path", "G", "mode", "latency_s", "ci_low_s", "ci_high_s", "e2e_s",
+                                           "normalized", "normalized_ci_low", "normalized_ci_high", "flagged"])
 
 
 def evaluate(
@@ -41,7 +197,8 @@ def evaluate(
     n_boot: int = 400,
     e2e_models: Sequence[Model] | None = None,
     brick_dirs: Sequence[str | Path] = (),
-) -> dict:
+    remeasure_unstable: bool = False,
+) -> Evaluation:
     """The paper's experiments: constructed vs end-to-end latency and speedups per G.
 
     Measures what is missing first (bricks and whole models), then reports per model
@@ -66,9 +223,14 @@ def evaluate(
         n_boot: bootstrap replicates of each interval.
         e2e_models: ``e2e_models[i]`` is timed end to end for ``models[i]`` (runtime-graph
             decomposition times the source models); default: the models themselves.
+        remeasure_unstable: measure again, first, the stored results the precision
+            check flags (:meth:`dlbricks.quality.Assessment.remeasure`).
 
     Returns:
-        the JSON-ready result (schema in README).
+        an :class:`Evaluation` (``to_dict()`` is the JSON form, schema in README; it
+        also reads as that mapping). Each model carries ``flagged`` and ``flags``
+        (:mod:`dlbricks.quality`), the result a ``precision_check`` and a ``reuse``
+        count of what came from the store.
 
     Raises:
         DlbricksError: ``e2e_models`` does not pair with ``models``; a result is missing
@@ -83,11 +245,24 @@ def evaluate(
         raise DlbricksError(f"{len(models)} models but {len(sources)} end-to-end models: give one per model")
     paths = [m.path if m.path is not None else s.path for m, s in zip(models, sources)]
     names = distinct_names([m.name for m in models], paths)
-    if measure_missing:
-        bench(models, Gs, store=store, config=config, workdir=workdir, e2e=True, seed=seed, progress=progress,
-              e2e_models=sources, brick_dirs=brick_dirs)
     system_id = fingerprint_id(system_fingerprint())
     config_key = config.key()
+    remeasure: set[str] = set()
+    if remeasure_unstable:
+        remeasure = assess(models, Gs, store=store, system_id=system_id, config_key=config_key,
+                           precision=config.precision, e2e_models=sources, names=names).remeasure()
+    reuse: dict[str, Any]
+    if measure_missing:
+        summary = bench(models, Gs, store=store, config=config, workdir=workdir, e2e=True, seed=seed,
+                        progress=progress, e2e_models=sources, brick_dirs=brick_dirs, remeasure=remeasure)
+        reuse = {k: getattr(summary, k) for k in ("bricks_total", "bricks_reused", "bricks_measured", "bricks_failed",
+                                                  "models_total", "models_reused", "models_measured", "models_failed",
+                                                  "wall_s")}
+        reuse["remeasured"] = len(remeasure)
+    else:
+        reuse = {"bricks_total": None, "bricks_reused": None, "bricks_measured": 0, "bricks_failed": 0,
+                 "models_total": len(sources), "models_reused": len(sources), "models_measured": 0,
+                 "models_failed": 0, "wall_s": 0.0, "remeasured": 0}
     mver = model_digest_version()
     bver = brick_digest_version()
     corpus = Corpus(models)
@@ -104,7 +279,7 @@ def evaluate(
             f"no end-to-end result for {len(missing_models)} model(s) ({', '.join(missing_models[:5])}); "
             "run `dlbricks bench --e2e` first or drop --no-measure"
         )
-    e2e_s = [rec.median_ns * 1e-9 for rec in e2e]
+    e2e_s = [_median_ns(rec) * 1e-9 for rec in e2e]
 
     rows: list[dict[str, Any]] = [
         {"name": names[i], "path": paths[i], "layers": m.n_layers, "per_g": {}} for i, m in enumerate(models)
@@ -119,7 +294,9 @@ def evaluate(
     for G in Gs:
         per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key,
                             n_boot=n_boot, seed=seed, corpus=corpus, names=names, call_overhead_ns=overhead)
-        norm_seq, norm_par, pred_seq = [], [], []
+        norm_seq: list[float] = []
+        norm_par: list[float] = []
+        pred_seq: list[float] = []
         for i, preds in enumerate(per_model):
             e = e2e_s[i]
             e_rel = _relative_halfwidth(e2e[i])
@@ -144,11 +321,12 @@ def evaluate(
                     pred_seq.append(p.latency_s)
         sp = corpus.split(G)
         unique = [bytes(d).hex() for d in sp.unique_digests]
-        recs = [store.get_result("brick", d, bver, system_id, config_key) for d in unique]
+        found = store.get_results("brick", unique, bver, system_id, config_key)
+        recs = [found.get(d) for d in unique]
         occurrences = sp.occurrences().sum(axis=0)
         for u, (d, rec) in enumerate(zip(unique, recs)):
             m, members = sp.first_occurrence(u)
-            median_s = rec.median_ns * 1e-9  # type: ignore[union-attr]  # predict checked every brick
+            median_s = _median_ns(rec) * 1e-9  # predict checked every brick
             bricks_out.append({
                 "G": G,
                 "digest": d,
@@ -158,8 +336,10 @@ def evaluate(
                 "ci_high_s": rec.stats["ci_high"] * 1e-9,  # type: ignore[union-attr,index]
                 "op_types": [kinds[m][i] for i in members],
                 "contribution_s": median_s * int(occurrences[u]),
+                "stop_reason": (rec.meta or {}).get("stop_reason"),  # type: ignore[union-attr]
+                "rounds": (rec.meta or {}).get("rounds", 0),  # type: ignore[union-attr]
             })
-        brick_total = sum(r.median_ns for r in recs) * 1e-9  # type: ignore[union-attr]
+        brick_total = sum(_median_ns(r) for r in recs) * 1e-9
         brick_wall = sum(_wall_s(r) for r in recs)
         per_g.append(
             {
@@ -179,14 +359,20 @@ def evaluate(
                 "bricks_wall_s": brick_wall,
             }
         )
+    check = assess(models, Gs, store=store, system_id=system_id, config_key=config_key, precision=config.precision,
+                   e2e_models=sources, names=names)
+    if reuse["bricks_total"] is None:
+        reuse["bricks_total"] = reuse["bricks_reused"] = len({b["digest"] for b in bricks_out})
     for r, rec, e in zip(rows, e2e, e2e_s):
         r["e2e_s"] = e
         r["e2e_ci_s"] = [rec.stats["ci_low"] * 1e-9, rec.stats["ci_high"] * 1e-9]  # type: ignore[index]
+        r["flags"] = model_flags(check, r["name"])
+        r["flagged"] = bool(r["flags"])
         g1 = r["per_g"].get("1")
         if g1:  # the paper's Section 2: layer latencies summed, and along the critical path
             r["layer_sum_s"] = g1["sequential"]["latency_s"]
             r["layer_critical_path_s"] = g1["parallel"]["latency_s"]
-    return {
+    return Evaluation({
         "schema_version": 1,
         "system_id": system_id,
         "config_key": config_key,
@@ -196,7 +382,9 @@ def evaluate(
         "per_g": per_g,
         "models": rows,
         "bricks": bricks_out,
-    }
+        "precision_check": check.to_dict(),
+        "reuse": reuse,
+    }, check)
 
 
 def accuracy_metrics(normalized: Sequence[float], measured: Sequence[float] | None = None,
@@ -221,6 +409,12 @@ def accuracy_metrics(normalized: Sequence[float], measured: Sequence[float] | No
         rho = spearmanr(np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64))[0]
         out["spearman"] = float(rho)
     return out
+
+
+def _median_ns(rec: ResultRecord | None) -> float:
+    """The median of a result the caller has checked is measured (measured results carry stats)."""
+    assert rec is not None and rec.median_ns is not None
+    return rec.median_ns
 
 
 def _relative_halfwidth(rec: Any) -> float:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import IO, Iterator
 
 from dlbricks.errors import UsageError
 
@@ -49,3 +51,33 @@ def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
             except OSError:
                 pass
         raise UsageError(f"{target}: cannot write the file ({exc.strerror or exc})") from None
+
+
+@contextlib.contextmanager
+def atomic_text(path: str | os.PathLike) -> Iterator[IO[str]]:
+    """A text file to write ``path`` through piece by piece (an export too large to
+    build in memory): a temporary file beside it, renamed over it when the block ends
+    without an error and removed when it raises. Missing folders are created.
+
+    Raises:
+        UsageError: the file cannot be written (the message names it and says why).
+    """
+    target = os.fspath(path)
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        parent = os.path.dirname(tmp)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        fh = open(tmp, "w", encoding="utf-8", newline="")
+    except OSError as exc:
+        raise UsageError(f"{target}: cannot write the file ({exc.strerror or exc})") from None
+    try:
+        with fh:
+            yield fh
+        os.replace(tmp, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise UsageError(f"{target}: cannot write the file ({exc.strerror or exc})") from None
+        raise

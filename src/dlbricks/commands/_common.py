@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlbricks.cpuset import parse_ranges, usable_cpus
-from dlbricks.files import write_atomically
 from dlbricks.errors import DlbricksError, UsageError
+from dlbricks.files import write_atomically
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
+    from dlbricks.quality import Assessment
     from dlbricks.store import Store
     from dlbricks.timing.config import RunnerConfig
 
+#: ``schema_version`` of every command's ``--json`` object that has no schema of its own.
+SCHEMA_VERSION = 1
 
 
 def add_model_args(p: argparse.ArgumentParser, *, nargs: str = "+") -> None:
@@ -31,8 +37,24 @@ def add_model_args(p: argparse.ArgumentParser, *, nargs: str = "+") -> None:
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
+    """``--json`` and ``-o/--output FILE``: in every command, ``-o`` names where the
+    command's result goes instead of stdout (a file; a folder for ``generate`` and
+    ``demo``, whose result is a folder of files)."""
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--output-file", "-o", dest="output", metavar="FILE", help="write the result to FILE")
+    p.add_argument("-o", "--output", "--output-file", dest="output", metavar="FILE",
+                   help="write the result (text, or JSON with --json) to FILE instead of stdout")
+
+
+def add_bricks_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bricks-dir", "--output-dir", dest="workdir", metavar="DIR",
+                   help="keep the generated bricks in DIR (default: a temporary folder, removed after)")
+
+
+def add_remeasure_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remeasure-unstable", action="store_true",
+                   help="measure again the stored results the precision check flags: those that stopped at "
+                        "--max-rounds, and those carrying most of the variance of a model whose interval is "
+                        "wider than --precision")
 
 
 def parse_input_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
@@ -124,30 +146,38 @@ def add_store_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_runner_args(p: argparse.ArgumentParser) -> None:
+    """The runner and measurement-engine options, their help showing the defaults
+    these commands really use. The options of a single contiguous run (warm-up, minimum
+    and maximum sampling, target CI) are accepted and recorded with the settings but
+    hidden: every command here measures through the engine, which does not read them."""
     g = p.add_argument_group("runner")
     g.add_argument("--threads", type=positive_int, default=1, help="onnxruntime intra-op threads (default 1)")
     g.add_argument("--inter-threads", type=positive_int, default=1, help="onnxruntime inter-op threads (default 1)")
-    g.add_argument("--execution-mode", choices=["sequential", "parallel"], default="sequential")
+    g.add_argument("--execution-mode", choices=["sequential", "parallel"], default="sequential",
+                   help="onnxruntime execution mode (default sequential)")
     g.add_argument(
         "--opt-level",
         choices=["default", "disable", "basic", "extended", "all"],
         default="default",
         help="onnxruntime graph optimisation level (default: onnxruntime's default)",
     )
-    g.add_argument("--cores", metavar="LIST", help="pin to these CPUs, e.g. 1 or 0-3 (default: the last CPU)")
+    cpus = usable_cpus()
+    g.add_argument("--cores", metavar="LIST",
+                   help=f"pin to these CPUs, e.g. 1 or 0-3 (default: the last usable CPU, here {cpus[-1] if cpus else 0})")
     g.add_argument("--no-pin", action="store_true", help="do not pin to CPUs")
-    g.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up iterations (default 5)")
-    g.add_argument("--warmup-time", type=float, default=0.05, metavar="S", help="minimum warm-up seconds (default 0.05)")
-    g.add_argument("--min-iters", type=int, default=10, metavar="N", help="minimum timed iterations (default 10)")
-    g.add_argument("--min-time", type=float, default=0.2, metavar="S", help="minimum timed seconds (default 0.2)")
-    g.add_argument("--max-time", type=float, default=2.0, metavar="S", help="time cap per brick (default 2.0)")
-    g.add_argument("--target-ci", type=float, default=0.01, metavar="F",
-                   help="stop once the 95%% CI of the median is within +/-F (default 0.01)")
-    g.add_argument("--timeout", type=float, default=120.0, metavar="S", help="per-brick timeout (default 120)")
+    hidden = argparse.SUPPRESS
+    g.add_argument("--warmup", type=int, default=5, metavar="N", help=hidden)
+    g.add_argument("--warmup-time", type=float, default=0.05, metavar="S", help=hidden)
+    g.add_argument("--min-iters", type=int, default=10, metavar="N", help=hidden)
+    g.add_argument("--min-time", type=float, default=0.2, metavar="S", help=hidden)
+    g.add_argument("--max-time", type=float, default=2.0, metavar="S", help=hidden)
+    g.add_argument("--target-ci", type=float, default=0.01, metavar="F", help=hidden)
+    g.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="longest a worker may take to answer, session set-up included (default 120)")
     e = p.add_argument_group(
         "measurement engine",
         "bricks and whole models are measured in interleaved rounds until every model's latency is known "
-        "to the stated precision (the warm-up/min/max options above apply to single-model runs only)",
+        "to the stated precision, or the round limit is reached (a warning then names the models short of it)",
     )
     e.add_argument("--precision", type=float, default=0.02, metavar="F",
                    help="95%% interval of each model's latency within +/-F (default 0.02)")
@@ -193,7 +223,7 @@ def parse_cores(text: str | None) -> tuple[int, ...]:
     return tuple(sorted(cores))
 
 
-def runner_config(args: argparse.Namespace, jobs: int = 1) -> "RunnerConfig":
+def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
     """A RunnerConfig from the runner options; by default pinned to the last CPU(s)."""
     from dlbricks.timing import RunnerConfig
 
@@ -238,23 +268,55 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> "RunnerConfig":
         raise UsageError(str(exc)) from None
 
 
-def open_store(args: argparse.Namespace, *, readonly: bool = False) -> "Store":
+def open_store(args: argparse.Namespace, *, readonly: bool = False, must_exist: bool = False) -> Store:
+    """The ``--store`` (default: the user cache store).
+
+    Args:
+        readonly: open for reading only; implies ``must_exist``.
+        must_exist: a store that is not there is the user's error, never created
+            empty (a read-only command given a typo would otherwise make one and then
+            report that nothing was measured).
+
+    Raises:
+        UsageError: ``must_exist`` and there is no store at that path (exit 2).
+        StoreError: the file is not a store, or a newer dlbricks wrote it.
+    """
     from dlbricks.store import Store
 
-    return Store(getattr(args, "store", None), readonly=readonly)
+    path = getattr(args, "store", None)
+    if readonly or must_exist:
+        require_store(path)
+    return Store(path, readonly=readonly)
 
 
-def load_models(args: argparse.Namespace) -> list:
+def require_store(path: str | Path | None) -> Path:
+    """The store file at ``path`` (None: the default store), which must exist.
+
+    Raises:
+        UsageError: nothing there (one message and exit code for every read-only command).
+    """
+    from dlbricks.store import default_store_path
+
+    target = Path(path) if path is not None else default_store_path()
+    if not target.is_file():
+        where = f"--store {path}" if path is not None else f"the default store {target}"
+        raise UsageError(f"{where}: no results store there (measure with `dlbricks bench` first, "
+                         "or give the path of an existing store)")
+    return target
+
+
+def load_models(args: argparse.Namespace, config: RunnerConfig | None = None) -> list:
     """Load the PATHs (skipping bad models unless --strict), optionally as runtime graphs."""
-    return load_models_and_sources(args)[0]
+    return load_models_and_sources(args, config)[0]
 
 
-def load_models_and_sources(args: argparse.Namespace) -> tuple[list, list]:
+def load_models_and_sources(args: argparse.Namespace, config: RunnerConfig | None = None) -> tuple[list, list]:
     """The models to decompose and, pairwise, the models to time end to end.
 
     Both come from one load with the same ``--input-shape`` overrides; with
     ``--runtime-graph`` the first are the graphs onnxruntime executes (optimised at
-    those shapes) and the second the source models, else both lists are the same.
+    those shapes, with the session options of ``config``, the run's configuration)
+    and the second the source models, else both lists are the same.
     """
     from dlbricks.analysis import load_corpus, print_err
 
@@ -267,7 +329,9 @@ def load_models_and_sources(args: argparse.Namespace) -> tuple[list, list]:
     if getattr(args, "runtime_graph", False):
         from dlbricks.loading.runtime_graph import runtime_models
 
-        models = runtime_models(sources, level=getattr(args, "opt_level", "default"), input_shapes=shapes)
+        models = runtime_models(
+            sources, config=config, level=getattr(args, "opt_level", "default"), input_shapes=shapes
+        )
     return models, sources
 
 
@@ -292,3 +356,107 @@ def tune_allocator_for_loading() -> None:
     from dlbricks import _core
 
     _core.disable_fastbins()
+
+
+def check_precision(
+    models: Sequence,
+    Gs: Sequence[int],
+    store: Store,
+    system_id: str,
+    config: RunnerConfig,
+    e2e_models: Sequence | None = None,
+    *,
+    bricks: bool = True,
+    rerun: str | None = None,
+) -> Assessment:
+    """The precision check of the stored results (:mod:`dlbricks.quality`), its
+    warnings printed on stderr: a count, then the worst models, then ``rerun``."""
+    from dlbricks.quality import assess
+
+    check = assess(models, Gs, store=store, system_id=system_id, config_key=config.key(),
+                   precision=config.precision, e2e_models=e2e_models, bricks=bricks)
+    print_check(check, rerun)
+    return check
+
+
+def print_check(check: Assessment, rerun: str | None = None) -> None:
+    """The precision check's warnings on stderr (nothing when all is well)."""
+    for line in check.lines(rerun=rerun) if rerun else check.lines():
+        warn(line)
+
+
+def flagged_for_remeasure(
+    args: argparse.Namespace,
+    models: Sequence,
+    Gs: Sequence[int],
+    store: Store,
+    system_id: str,
+    config: RunnerConfig,
+    e2e_models: Sequence | None = None,
+) -> set[str]:
+    """With ``--remeasure-unstable``, the digests the precision check flags (said on stderr)."""
+    if not getattr(args, "remeasure_unstable", False):
+        return set()
+    from dlbricks.quality import assess
+
+    digests = assess(models, Gs, store=store, system_id=system_id, config_key=config.key(),
+                     precision=config.precision, e2e_models=e2e_models).remeasure()
+    print(f"dlbricks: re-measuring {len(digests)} stored result(s) the precision check flags", file=sys.stderr)
+    return digests
+
+
+def model_latencies(store: Store, models: Sequence, system_id: str, config_key: str,
+                    check: Assessment | None = None) -> list[dict[str, Any]]:
+    """Each model's stored end-to-end result: median, p90, p99 and the 95% interval
+    (seconds), rounds, stop reason and the precision check's flags."""
+    from dlbricks.bricks import model_digest
+    from dlbricks.quality import model_flags
+    from dlbricks.versions import model_digest_version
+
+    digests = [model_digest(m) for m in models]
+    recs = store.get_results("model", digests, model_digest_version(), system_id, config_key)
+    out = []
+    for m, d in zip(models, digests):
+        rec = recs.get(d)
+        row: dict[str, Any] = {"name": m.name, "path": m.path, "digest": d}
+        if rec is None or not rec.ok or rec.stats is None:
+            row.update(status="failed" if rec is not None else "missing", error=getattr(rec, "error", None))
+        else:
+            st, meta = rec.stats, rec.meta or {}
+            row.update(status="ok", median_s=st["median"] * 1e-9, p90_s=st.get("p90", math.nan) * 1e-9,
+                       p99_s=st.get("p99", math.nan) * 1e-9, ci_low_s=st["ci_low"] * 1e-9,
+                       ci_high_s=st["ci_high"] * 1e-9, rounds=meta.get("rounds", 0),
+                       stop_reason=meta.get("stop_reason"))
+        flags = model_flags(check, m.name) if check is not None else []
+        flags = [f for f in flags if f.startswith("end to end")]
+        row.update(flagged=bool(flags), flags=flags)
+        out.append(row)
+    return out
+
+
+def time_unit(seconds: Sequence[float]) -> tuple[float, str]:
+    """(scale, unit) that shows the smallest of ``seconds`` with at least 3 significant digits."""
+    finite = [abs(x) for x in seconds if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
+    low = min(finite) if finite else 1e-3
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if low >= scale:
+            return scale, unit
+    return 1e-9, "ns"
+
+
+def render_latencies(rows: Sequence[dict[str, Any]]) -> str:
+    """The end-to-end table of :func:`model_latencies` ("!" marks a flagged model)."""
+    width = max([5, *(len(r["name"]) for r in rows)])
+    scale, unit = time_unit([r["median_s"] for r in rows if r["status"] == "ok"])
+    lines = [f"  {'model':<{width}} {'median ' + unit:>10} {'p90 ' + unit:>9} {'p99 ' + unit:>9}  95% interval ({unit})"]
+    for r in rows:
+        mark = "!" if r["flagged"] else " "
+        if r["status"] != "ok":
+            lines.append(f"{mark} {r['name']:<{width}} {r['status']}")
+            continue
+        lines.append(
+            f"{mark} {r['name']:<{width}} {r['median_s'] / scale:>10.3f} {r['p90_s'] / scale:>9.3f} "
+            f"{r['p99_s'] / scale:>9.3f}  [{r['ci_low_s'] / scale:.3f}, {r['ci_high_s'] / scale:.3f}]"
+            + (f"  {'; '.join(r['flags'])}" if r["flags"] else "")
+        )
+    return "\n".join(lines) + "\n"

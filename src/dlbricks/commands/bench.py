@@ -9,10 +9,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlbricks.commands._common import (
+    SCHEMA_VERSION,
+    add_bricks_dir_arg,
     add_model_args,
+    add_output_args,
+    add_remeasure_arg,
     add_runner_args,
     add_store_arg,
+    check_precision,
     emit,
+    flagged_for_remeasure,
+    model_latencies,
+    render_latencies,
     load_models_and_sources,
     open_store,
     parse_g_list,
@@ -25,6 +33,7 @@ from dlbricks.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.pipeline import BenchSummary
+    from dlbricks.quality import Assessment
     from dlbricks.timing import RunnerConfig
 
 
@@ -34,10 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-G", default="1", metavar="LIST", help="granularities, e.g. 1 or 1,2,3 (default 1)")
     p.add_argument("--e2e", action="store_true", help="also time every whole model end to end")
     p.add_argument("--force", action="store_true", help="re-measure what the store already has")
+    add_remeasure_arg(p)
     p.add_argument("--jobs", type=positive_int, default=1, help="timing workers at once, each on its own core (default 1)")
-    p.add_argument("-o", "--output-dir", dest="workdir", metavar="DIR", help="keep generated bricks here (default: temporary)")
+    add_bricks_dir_arg(p)
     p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
-    p.add_argument("--json", action="store_true", help="print a machine summary")
+    add_output_args(p)
     add_store_arg(p)
     add_runner_args(p)
     g = p.add_argument_group("ray (pip install 'dlbricks[ray]')")
@@ -53,13 +63,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dlbricks.pipeline import bench
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     Gs = parse_g_list(args.G)
     config = runner_config(args, jobs=args.jobs)
     if args.ray:
         return _run_ray(args, Gs, config)
-    models, sources = load_models_and_sources(args)
+    models, sources = load_models_and_sources(args, config)
+    e2e_models = sources if args.e2e else None
     with open_store(args) as store:
+        system_id = fingerprint_id(system_fingerprint())
+        remeasure = flagged_for_remeasure(args, models, Gs, store, system_id, config, e2e_models)
         summary = bench(
             models,
             Gs,
@@ -73,19 +87,34 @@ def run(args: argparse.Namespace) -> int:
             progress=True,
             on_event=warn,
             e2e_models=sources,
+            remeasure=remeasure,
         )
-    return _report(args, summary, store.path, Gs, config)
+        check = check_precision(models, Gs, store, summary.system_id, config, e2e_models)
+        latencies = model_latencies(store, sources, summary.system_id, summary.config_key, check) if args.e2e else []
+    return _report(args, summary, store.path, Gs, config, check=check, latencies=latencies)
 
 
 def _report(
-    args: argparse.Namespace, summary: BenchSummary, store_path: Path, Gs: list[int], config: RunnerConfig, details: str = ""
+    args: argparse.Namespace,
+    summary: BenchSummary,
+    store_path: Path,
+    Gs: list[int],
+    config: RunnerConfig,
+    details: str = "",
+    *,
+    check: Assessment | None = None,
+    latencies: list[dict] | None = None,
 ) -> int:
     """Emit a bench summary (local, or Ray's with its per-system ``details``) as text or
     JSON; returns the exit code."""
-    out = summary.to_dict()
+    out = {"schema_version": SCHEMA_VERSION, **summary.to_dict()}
     out["store"] = str(store_path)
     out["G"] = Gs
     out["config"] = config.to_dict()
+    if check is not None:
+        out["precision_check"] = check.to_dict()
+    if latencies:
+        out["models"] = latencies
     text = (
         f"bricks: {summary.bricks_total} unique, {summary.bricks_reused} reused from the store, "
         f"{summary.bricks_measured} measured, {summary.bricks_failed} failed\n"
@@ -95,12 +124,14 @@ def _report(
             f"models: {summary.models_total}, {summary.models_reused} reused, "
             f"{summary.models_measured} measured, {summary.models_failed} failed\n"
         )
+    if latencies:
+        text += render_latencies(latencies)
     text += details + f"store: {out['store']}  ({summary.wall_s:.1f} s)\n"
     emit(args, text, out)
     return 1 if summary.bricks_failed or summary.models_failed else 0
 
 
-def _run_ray(args: argparse.Namespace, Gs: list[int], config: object) -> int:
+def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> int:
     from dlbricks.analysis import print_err
     from dlbricks.distributed import bench_on_ray, connect, load_corpus_ray
 
@@ -109,7 +140,9 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: object) -> int:
     if args.jobs != 1:
         raise UsageError("--jobs does not apply with --ray: each node times one brick at a time")
     if args.workdir:
-        raise UsageError("--output-dir does not apply with --ray: bricks are generated on the nodes")
+        raise UsageError("--bricks-dir does not apply with --ray: bricks are generated on the nodes")
+    if args.remeasure_unstable:
+        raise UsageError("--remeasure-unstable does not apply with --ray yet: use --force")
     try:
         resources = json.loads(args.ray_resources) if args.ray_resources else {}
         if not isinstance(resources, dict) or not all(isinstance(v, (int, float)) for v in resources.values()):

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Any
 
 from dlbricks.commands._common import (
+    SCHEMA_VERSION,
     add_model_args,
+    add_output_args,
     add_runner_args,
     add_store_arg,
+    check_precision,
     emit,
-    load_models,
+    load_models_and_sources,
+    model_latencies,
     open_store,
     positive_int,
     runner_config,
+    time_unit,
 )
 
 
@@ -25,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--measure-missing", action="store_true", help="benchmark bricks missing from the store first")
     p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
     p.add_argument("--bootstrap", type=positive_int, default=400, help="bootstrap replicates for the interval")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_args(p)
     add_store_arg(p)
     add_runner_args(p)
     p.set_defaults(func=run)
@@ -37,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     config = runner_config(args)
-    models = load_models(args)
-    with open_store(args) as store:
+    models, sources = load_models_and_sources(args, config)
+    # Read-only unless told to measure: a mistyped --store is an error, not a new empty store.
+    with open_store(args, readonly=not args.measure_missing) as store:
         if args.measure_missing:
             bench(models, [args.G], store=store, config=config, seed=args.seed, progress=True)
         system_id = fingerprint_id(system_fingerprint())
@@ -58,18 +66,61 @@ def run(args: argparse.Namespace) -> int:
             n_boot=args.bootstrap,
             seed=args.seed,
         )
+        check = check_precision(models, [args.G], store, system_id, config, sources,
+                                rerun="`dlbricks bench --remeasure-unstable` (same models and options) measures them again")
+        measured = model_latencies(store, sources, system_id, config.key())
+    rows = []
+    for p, source, e2e in zip(preds, sources, measured):
+        row: dict[str, Any] = p.to_dict()
+        row["path"] = row.get("path") or source.path
+        ok = e2e["status"] == "ok"
+        row["e2e_s"] = e2e["median_s"] if ok else None
+        row["e2e_ci_s"] = [e2e["ci_low_s"], e2e["ci_high_s"]] if ok else None
+        row["normalized"] = p.latency_s / e2e["median_s"] if ok and e2e["median_s"] > 0 else None
+        row["error"] = row["normalized"] - 1.0 if row["normalized"] is not None else None
+        row["flags"] = [f for m in check.for_model(p.model) if m.flagged and m.G in (None, args.G)
+                        for f in [f"{m.where}: +/-{m.rel_halfwidth:.1%} > +/-{m.precision:.1%}"]]
+        row["flagged"] = bool(row["flags"])
+        rows.append(row)
     result = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "G": args.G,
         "mode": args.mode,
+        "system_id": system_id,
+        "config_key": config.key(),
         "config": config.to_dict(),
-        "predictions": [p.to_dict() for p in preds],
+        "call_overhead_ns": overhead,
+        "predictions": rows,
+        "precision_check": check.to_dict(),
     }
-    lines = [f"{'model':<28} {'bricks':>7} {'unique':>7} {'latency ms':>11}  95% interval (ms)"]
-    for p in preds:
-        lines.append(
-            f"{p.model:<28} {p.bricks:>7} {p.unique_bricks:>7} {p.latency_s * 1e3:>11.3f}  "
-            f"[{p.ci_low_s * 1e3:.3f}, {p.ci_high_s * 1e3:.3f}]"
-        )
-    emit(args, "\n".join(lines) + "\n", result)
+    emit(args, render_predictions(rows, args.G, args.mode), result)
     return 0
+
+
+def render_predictions(rows: list[dict[str, Any]], G: int, mode: str) -> str:
+    """The prediction table; end-to-end latency and error where the store has the model
+    measured end to end; "!" marks a model the precision check flags."""
+    scale, unit = time_unit([r["latency_s"] for r in rows] + [r["e2e_s"] for r in rows if r["e2e_s"]])
+    width = max([5, *(len(r["model"]) for r in rows)])
+    any_e2e = any(r["e2e_s"] for r in rows)
+    head = (f"  {'model':<{width}} {'G':>2} {'mode':<10} {'bricks':>6} {'unique':>6} {'predicted ' + unit:>13}  "
+            f"{'95% interval (' + unit + ')':<24}")
+    if any_e2e:
+        head += f" {'end-to-end ' + unit:>14} {'error':>7}"
+    lines = [f"latency rebuilt from the bricks in the store (G={G}, {mode})", head]
+    for r in rows:
+        interval = f"[{r['ci_low_s'] / scale:.3f}, {r['ci_high_s'] / scale:.3f}]"
+        line = (f"{'!' if r['flagged'] else ' '} {r['model']:<{width}} {r['G']:>2} {r['mode']:<10} {r['bricks']:>6} "
+                f"{r['unique_bricks']:>6} {r['latency_s'] / scale:>13.3f}  {interval:<24}")
+        if any_e2e:
+            if r["e2e_s"]:
+                err = r["error"]
+                line += f" {r['e2e_s'] / scale:>14.3f} {err:>+7.1%}" if err is not None and math.isfinite(err) else ""
+            else:
+                line += f" {'-':>14} {'-':>7}"
+        if r["flags"]:
+            line += "  " + "; ".join(r["flags"])
+        lines.append(line)
+    if not any_e2e:
+        lines.append("(no end-to-end result in the store: `dlbricks bench --e2e` measures the models to compare)")
+    return "\n".join(lines) + "\n"

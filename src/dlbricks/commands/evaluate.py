@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, Mapping
 
 from dlbricks.commands._common import (
+    add_bricks_dir_arg,
     add_model_args,
+    add_output_args,
+    add_remeasure_arg,
     add_runner_args,
     add_store_arg,
     emit,
@@ -13,8 +17,11 @@ from dlbricks.commands._common import (
     open_store,
     parse_g_list,
     positive_int,
+    print_check,
     runner_config,
+    time_unit,
 )
+from dlbricks.files import write_atomically
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,10 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("-G", default="1,2,3", metavar="LIST", help="granularities (default 1,2,3)")
     p.add_argument("--no-measure", action="store_true", help="use only what the store has; error if anything is missing")
+    add_remeasure_arg(p)
     p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
-    p.add_argument("-o", "--output-dir", dest="workdir", metavar="DIR", help="keep generated bricks here")
+    add_bricks_dir_arg(p)
     p.add_argument("--bootstrap", type=positive_int, default=400, help="bootstrap replicates for intervals")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_args(p)
     p.add_argument("--save", metavar="FILE", help="also write the JSON result to FILE (input of `dlbricks report`)")
     add_store_arg(p)
     add_runner_args(p)
@@ -40,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
     Gs = parse_g_list(args.G)
     config = runner_config(args)
     models, sources = load_models_and_sources(args)
-    with open_store(args) as store:
-        result = evaluate(
+    # --no-measure only reads: a mistyped --store is an error, not a new empty store.
+    with open_store(args, must_exist=args.no_measure) as store:
+        evaluation = evaluate(
             models,
             Gs,
             store=store,
@@ -52,34 +61,55 @@ def run(args: argparse.Namespace) -> int:
             progress=True,
             n_boot=args.bootstrap,
             e2e_models=sources,
+            remeasure_unstable=args.remeasure_unstable,
         )
-        result["runtime_graph"] = bool(args.runtime_graph)
-        result["store"] = str(store.path)
+    result = evaluation.to_dict()
+    result["runtime_graph"] = bool(args.runtime_graph)
+    result["store"] = str(store.path)
+    if evaluation.check is not None:
+        print_check(evaluation.check)
     if args.save:
-        with open(args.save, "w") as fh:
-            json.dump(result, fh, indent=1)
+        write_atomically(args.save, json.dumps(result, indent=1) + "\n")
     emit(args, render_evaluation(result), result)
     return 0
 
 
-def render_evaluation(result: dict) -> str:
-    """The summary tables: per model and G, then per G."""
+def render_evaluation(result: Mapping[str, Any]) -> str:
+    """The summary tables: accuracy and cost per G first, then per model and G ("!"
+    marks a model the precision check flags)."""
     Gs = result["G"]
-    lines = []
-    head = f"{'model':<22} {'e2e ms':>9}" + "".join(f" {'G=' + str(G) + ' seq/par':>17}" for G in Gs)
-    lines.append("normalized latency (constructed / end-to-end)")
+    lines = [
+        "accuracy and cost per G (normalized = constructed / end-to-end latency)",
+        f"{'G':>3} {'within 5%':>9} {'within 10%':>10} {'RMSPE':>7} {'geomean':>8} {'min':>7} {'max':>7} "
+        f"{'unique bricks':>13} {'wall-clock speedup':>18} {'paper speedup':>13}",
+    ]
+    for g in result["per_g"]:
+        lines.append(
+            f"{g['G']:>3} {g.get('within_5pct', float('nan')):>9.0%} {g.get('within_10pct', float('nan')):>10.0%} "
+            f"{g.get('rmspe', float('nan')):>7.3f} {g['geomean_normalized']:>8.3f} {g['min_normalized']:>7.3f} "
+            f"{g['max_normalized']:>7.3f} {g['unique_bricks']:>13} {g['wallclock_speedup']:>17.2f}x {g['speedup']:>12.2f}x"
+        )
+    lines.append("  wall-clock speedup: seconds measuring every model end to end / seconds measuring the unique bricks;")
+    lines.append("  paper speedup: sum of end-to-end latencies / sum of unique brick latencies")
+    lines.append("")
+    width = max([5, *(len(m["name"]) for m in result["models"])])
+    scale, unit = time_unit([m["e2e_s"] for m in result["models"]])
+    head = f"  {'model':<{width}} {'e2e ' + unit:>9}" + "".join(f" {'G=' + str(G) + ' seq/par':>17}" for G in Gs)
+    lines.append("normalized latency per model (constructed / end-to-end)")
     lines.append(head)
     for m in result["models"]:
         cells = []
         for G in Gs:
             g = m["per_g"].get(str(G), {})
             cells.append(f" {g['sequential']['normalized']:>8.3f}/{g['parallel']['normalized']:<8.3f}" if g else " " * 18)
-        lines.append(f"{m['name'][:22]:<22} {m['e2e_s'] * 1e3:>9.3f}" + "".join(cells))
-    lines.append("")
-    lines.append(f"{'G':>3} {'unique bricks':>14} {'geomean norm':>13} {'min':>7} {'max':>7} {'speedup':>9} {'wall-clock speedup':>19}")
-    for g in result["per_g"]:
+        mark = "!" if m.get("flagged") else " "
+        flags = ("  " + "; ".join(m["flags"])) if m.get("flags") else ""
+        lines.append(f"{mark} {m['name']:<{width}} {m['e2e_s'] / scale:>9.3f}" + "".join(cells) + flags)
+    reuse = result.get("reuse") or {}
+    if reuse.get("bricks_total") is not None:
+        lines.append("")
         lines.append(
-            f"{g['G']:>3} {g['unique_bricks']:>14} {g['geomean_normalized']:>13.3f} {g['min_normalized']:>7.3f} "
-            f"{g['max_normalized']:>7.3f} {g['speedup']:>8.2f}x {g['wallclock_speedup']:>18.2f}x"
+            f"reused from the store: {reuse.get('bricks_reused')} of {reuse.get('bricks_total')} unique bricks, "
+            f"{reuse.get('models_reused')} of {reuse.get('models_total')} models"
         )
     return "\n".join(lines) + "\n"

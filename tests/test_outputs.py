@@ -1,0 +1,266 @@
+"""What a user sees after a run: precision warnings, the tables of bench/construct/evaluate,
+schema versions, and the typed evaluation result.
+
+Stores are filled with synthetic results shaped like the measurement engine's (rounds,
+standard error, stop reason), so that nothing here needs timing to be fast or stable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+
+from dlbricks.cli import build_parser, main
+from dlbricks.commands._common import runner_config
+from dlbricks.corpus import Corpus
+from dlbricks.loading import load
+from dlbricks.store import Store
+from dlbricks.timing import Measurement, summarize
+from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
+from dlbricks.versions import brick_digest_version, model_digest_version
+from test_pipeline import chain_model, diamond_model
+
+# Engine options kept short, and no calibration probes to measure.
+CLI = ["--no-pin", "--no-call-overhead", "--min-rounds", "3", "--max-rounds", "4"]
+
+
+def _config(argv: list[str] = CLI):
+    return runner_config(build_parser("bench").parse_args(["x", *argv]))
+
+
+def engine_result(median_ns: float, se_ns: float, *, rounds: int = 10, stop: str = "converged") -> Measurement:
+    """A result as the engine stores it: round medians around ``median_ns`` whose spread
+    gives ``se_ns``; the interval the engine's t rule gives."""
+    rng = np.random.default_rng(int(median_ns) % 997)
+    times = np.rint(median_ns + rng.normal(0.0, se_ns, 50)).astype(np.int64)
+    stats = summarize(times)
+    from dataclasses import replace
+
+    from scipy.stats import t
+
+    half = float(t.ppf(0.975, rounds - 1)) * se_ns
+    stats = replace(stats, median=median_ns, ci_low=median_ns - half, ci_high=median_ns + half, drift=0.01)
+    return Measurement(
+        times_ns=times, stats=stats, config=_config(), warmup_iters=1, stop_reason=stop, setup_time_s=0.01,
+        wall_time_s=0.2, denormal_input_fraction=0.0, denormal_output_fraction=0.0, denormal_fraction=0.0,
+        denormals_as_zero=True, denormals_flushed=True, ort_version="test", rounds=rounds,
+        round_medians_ns=[median_ns] * rounds, median_se_ns=se_ns,
+    )
+
+
+def fill(store: Store, models: list, G: int, *, median_of: dict[str, float], se_rel: float = 0.001,
+         wide: dict[str, float] | None = None, stopped: set[str] = frozenset(), e2e: dict[str, float] | None = None,
+         e2e_se_rel: float = 0.001) -> dict[str, str]:
+    """Store a result for every unique brick at ``G`` (median: the sum of its layers' op
+    medians) and, with ``e2e``, each model end to end; ``wide`` gives some op types a
+    larger relative standard error, ``stopped`` makes their results stop at max rounds.
+    Returns op types joined by "+" -> digest."""
+    from dlbricks.bricks import model_digest
+
+    config = _config()
+    store.put_system(system_fingerprint())
+    store.put_config(config)
+    sid = fingerprint_id(system_fingerprint())
+    sp = Corpus(models).split(G)
+    out = {}
+    for u in range(sp.n_unique):
+        m, members = sp.first_occurrence(u)
+        ops = [models[m].layers[int(i)].op_type for i in members]
+        med = sum(median_of[o] for o in ops)
+        rel = max((wide or {}).get(o, se_rel) for o in ops)
+        stop = "max_rounds" if set(ops) & set(stopped) else "converged"
+        d = bytes(sp.unique_digests[u]).hex()
+        store.put_brick(d, brick_digest_version(), g=G, op_types=ops, meta={"source_model": models[m].name})
+        store.put_result("brick", d, brick_digest_version(), sid, config, engine_result(med, rel * med, stop=stop))
+        out["+".join(ops)] = d
+    for model in models if e2e else ():
+        d = model_digest(model)
+        store.put_model(d, model_digest_version(), name=model.name, meta={"path": model.path})
+        med = e2e[model.name]
+        store.put_result("model", d, model_digest_version(), sid, config, engine_result(med, e2e_se_rel * med))
+    return out
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    a, b = tmp_path / "chain.onnx", tmp_path / "diamond.onnx"
+    onnx.save(chain_model(3), str(a))
+    onnx.save(diamond_model(), str(b))
+    return [a, b]
+
+
+MEDIANS = {"Conv": 20_000.0, "Relu": 2_000.0, "Sigmoid": 3_000.0, "Tanh": 3_000.0, "Add": 1_000.0}
+
+
+# ------------------------------------------------------------------------- warnings
+
+
+def test_bench_warns_about_unconverged_and_imprecise_results_and_names_the_worst(zoo, tmp_path, capsys):
+    store_path = tmp_path / "s.sqlite"
+    models = [load(p) for p in zoo]
+    with Store(store_path) as st:
+        # Every brick of the chain is stored; its Conv is 10x less precise than the rest,
+        # and the diamond's Sigmoid stopped at the round limit.
+        fill(st, models, 1, median_of=MEDIANS, wide={"Conv": 0.03}, stopped={"Sigmoid"})
+    code = main(["bench", *map(str, zoo), "-G", "1", "--store", str(store_path), "--json", *CLI])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
+    assert out["bricks_reused"] == out["bricks_total"] and out["bricks_measured"] == 0  # nothing new measured...
+    err = captured.err
+    # ...and still the reused results are judged, by what they do to each model's precision.
+    assert "1 brick result(s) stopped at the round limit" in err
+    assert "1 model(s) short of the +/-2.0% precision" in err
+    line = next(x for x in err.splitlines() if "chain (G=1)" in x)
+    assert "of its variance from brick Conv" in line and "(x3)" in line
+    assert "--remeasure-unstable" in err
+    check = out["precision_check"]
+    assert check["models_flagged"] == 1 and check["results_unconverged"] == 1
+    assert check["flagged"][0]["model"] == "chain" and check["flagged"][0]["rel_halfwidth"] > 0.02
+    assert check["flagged"][0]["contributors"][0]["share"] > 0.9
+
+
+def test_a_fixed_cv_flags_nothing_that_keeps_every_model_precise(zoo, tmp_path, capsys):
+    store_path = tmp_path / "s.sqlite"
+    models = [load(p) for p in zoo]
+    with Store(store_path) as st:
+        # Microsecond bricks varying by 30% from run to run, but converged and light in
+        # the models they feed.
+        fill(st, models, 1, median_of={**MEDIANS, "Relu": 50.0}, wide={"Relu": 0.3})
+        assert all(r.stats["cv"] > 0.05 for r in st.results(with_times=False) if r.stats["median"] < 100)
+    assert main(["bench", *map(str, zoo), "-G", "1", "--store", str(store_path), *CLI]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_remeasure_unstable_measures_exactly_the_flagged_results_again(zoo, tmp_path, capsys):
+    store_path = tmp_path / "s.sqlite"
+    models = [load(p) for p in zoo]
+    with Store(store_path) as st:
+        digests = fill(st, models, 1, median_of=MEDIANS, wide={"Conv": 0.03}, stopped={"Sigmoid"})
+        before = {r.digest: r.created_at for r in st.results(with_times=False)}
+    code = main(["bench", *map(str, zoo), "-G", "1", "--store", str(store_path), "--json", "--remeasure-unstable",
+                 *CLI])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
+    assert "re-measuring 2 stored result(s)" in captured.err
+    assert out["bricks_measured"] == 2 and out["bricks_reused"] == out["bricks_total"] - 2
+    with Store(store_path, readonly=True) as st:
+        after = {r.digest: r.created_at for r in st.results(with_times=False)}
+    changed = {d for d in before if after[d] != before[d]}
+    assert changed == {digests["Conv"], digests["Sigmoid"]}
+
+
+# ------------------------------------------------------------------------- construct
+
+
+def test_construct_prints_the_engine_interval_the_end_to_end_latency_and_the_error(zoo, tmp_path, capsys):
+    store_path = tmp_path / "s.sqlite"
+    chain = load(zoo[0])
+    se = 400.0
+    with Store(store_path) as st:
+        # G=3 covers the chain's six layers in two bricks (Conv, Relu, Conv), (Relu, Conv, Relu).
+        fill(st, [chain], 3, median_of=MEDIANS, se_rel=se / 42_000.0, e2e={"chain": 60_000.0})
+    code = main(["construct", str(zoo[0]), "-G", "3", "--store", str(store_path), "--bootstrap", "4000", "--json",
+                 *CLI])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    (p,) = json.loads(captured.out)["predictions"]
+    assert json.loads(captured.out)["schema_version"] == 1
+    # Two bricks of 42 and 24 us, known to `se` and to `se` scaled; t quantile with 9 degrees of freedom.
+    se1, se2 = se, se * 24_000.0 / 42_000.0
+    from scipy.stats import t
+
+    half = t.ppf(0.975, 9) * math.hypot(se1, se2)
+    assert p["latency_s"] == pytest.approx(66e-6)
+    assert (p["ci_high_s"] - p["ci_low_s"]) / 2 == pytest.approx(half * 1e-9, rel=0.15)
+    assert p["e2e_s"] == pytest.approx(60e-6) and p["error"] == pytest.approx(66 / 60 - 1)
+    assert p["G"] == 3 and p["mode"] == "sequential" and p["path"] == str(zoo[0]) and not p["flagged"]
+    code = main(["construct", str(zoo[0]), "-G", "3", "--store", str(store_path), "--bootstrap", "4000", *CLI])
+    text = capsys.readouterr().out
+    row = next(x for x in text.splitlines() if "chain" in x)
+    assert f"[{p['ci_low_s'] * 1e6:.3f}, {p['ci_high_s'] * 1e6:.3f}]" in row  # the same interval, in us
+    assert "66.000" in row and "60.000" in row and "+10.0%" in row and "sequential" in row
+    assert "end-to-end us" in text and "error" in text
+
+
+def test_construct_flags_a_model_whose_interval_is_wider_than_the_precision(zoo, tmp_path, capsys):
+    store_path = tmp_path / "s.sqlite"
+    chain = load(zoo[0])
+    with Store(store_path) as st:
+        fill(st, [chain], 1, median_of=MEDIANS, wide={"Conv": 0.05})
+    assert main(["construct", str(zoo[0]), "-G", "1", "--store", str(store_path), "--json", *CLI]) == 0
+    captured = capsys.readouterr()
+    (p,) = json.loads(captured.out)["predictions"]
+    assert p["flagged"] and p["flags"][0].startswith("G=1: +/-")
+    assert "short of the +/-2.0% precision" in captured.err and "dlbricks bench --remeasure-unstable" in captured.err
+
+
+# ------------------------------------------------------------------------- bench --e2e
+
+
+def test_bench_e2e_prints_each_models_latency_and_its_json_has_a_schema_version(zoo, tmp_path, capsys):
+    store_path = tmp_path / "s.sqlite"
+    models = [load(p) for p in zoo]
+    with Store(store_path) as st:
+        fill(st, models, 1, median_of=MEDIANS, e2e={"chain": 60_000.0, "diamond": 8_000.0}, e2e_se_rel=0.02)
+    assert main(["bench", *map(str, zoo), "-G", "1", "--e2e", "--store", str(store_path), *CLI]) == 0
+    text = capsys.readouterr().out
+    head = next(x for x in text.splitlines() if "median" in x)
+    assert "p90" in head and "p99" in head and "95% interval" in head
+    rows = {x.split()[1]: x for x in text.splitlines() if x[2:].startswith(("chain", "diamond"))}
+    assert "60.000" in rows["chain"] and "8.000" in rows["diamond"]
+    # +/-2% standard error: the interval is about +/-4.5%, wider than the precision.
+    assert rows["chain"].startswith("!") and "end to end: +/-" in rows["chain"]
+    assert main(["bench", *map(str, zoo), "-G", "1", "--e2e", "--store", str(store_path), "--json", *CLI]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema_version"] == 1
+    by_name = {m["name"]: m for m in out["models"]}
+    assert by_name["chain"]["median_s"] == pytest.approx(60e-6) and by_name["chain"]["path"] == str(zoo[0])
+    assert {"p90_s", "p99_s", "ci_low_s", "ci_high_s", "rounds", "stop_reason", "flagged"} <= set(by_name["diamond"])
+
+
+# ------------------------------------------------------------------------- evaluate
+
+
+def test_evaluate_returns_a_typed_result_that_still_reads_as_the_json(zoo, tmp_path):
+    from dlbricks.evaluation import Evaluation, GAccuracy, evaluate
+
+    store_path = tmp_path / "s.sqlite"
+    models = [load(p) for p in zoo]
+    with Store(store_path) as st:
+        fill(st, models, 1, median_of=MEDIANS, e2e={"chain": 60_000.0, "diamond": 8_000.0})
+        result = evaluate(models, [1], store=st, config=_config(), measure_missing=False, n_boot=50)
+    assert isinstance(result, Evaluation)
+    (g1,) = result.per_g
+    assert isinstance(g1, GAccuracy) and g1.G == 1 and result.accuracy(1) == g1
+    assert g1.within_10pct == result["per_g"][0]["within_10pct"]
+    chain = result.models[0]
+    assert chain.name == "chain" and chain.path == str(zoo[0]) and chain.e2e_s == pytest.approx(60e-6)
+    assert chain.normalized(1) == pytest.approx(66_000 / 60_000) and math.isnan(chain.normalized(2))
+    doc = result.to_dict()
+    json.dumps(doc)
+    assert doc["per_g"][0]["G"] == 1 and {"within_5pct", "within_10pct", "rmspe", "spearman", "wallclock_speedup",
+                                          "speedup", "bricks_wall_s", "e2e_wall_s"} <= set(doc["per_g"][0])
+    assert "call_overhead_ns" in doc and doc["reuse"]["models_reused"] == 2
+    assert doc["models"][0]["flagged"] is False and doc["precision_check"]["models_flagged"] == 0
+    doc["models"].clear()  # a copy: the result is unchanged
+    assert len(result["models"]) == 2
+    with pytest.raises(KeyError, match="G=3"):
+        result.accuracy(3)
+
+
+def test_evaluate_to_dataframe_has_a_row_per_model_g_and_mode(zoo, tmp_path):
+    pd = pytest.importorskip("pandas")
+    from dlbricks.evaluation import evaluate
+
+    models = [load(p) for p in zoo]
+    with Store(tmp_path / "s.sqlite") as st:
+        fill(st, models, 1, median_of=MEDIANS, e2e={"chain": 60_000.0, "diamond": 8_000.0})
+        df = evaluate(models, [1], store=st, config=_config(), measure_missing=False, n_boot=50).to_dataframe()
+    assert isinstance(df, pd.DataFrame) and len(df) == 4
+    assert set(df["mode"]) == {"sequential", "parallel"} and set(df["model"]) == {"chain", "diamond"}

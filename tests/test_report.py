@@ -20,11 +20,13 @@ from dlbricks.analysis import analyze
 from dlbricks.cli import main
 from dlbricks.loading import load
 from dlbricks.report.html import SECTIONS, TOP_BRICKS, brick_contributions, build_report, write_report
+from dlbricks.report.sections import RESULT_ROWS
 from dlbricks.store import Store
 from dlbricks.timing import RunnerConfig
 
 GS = (1, 2, 3)
 FIGURES = {
+    "summary": "fig-error",
     "unique-layers": "fig-unique-layers",
     "repeated-types": "fig-repeated-types",
     "jaccard": "fig-jaccard",
@@ -37,7 +39,7 @@ FIGURES = {
 }
 _JS_ERROR = re.compile(r"<html[^>]*\bdata-js-error=")
 ANALYSIS_SECTIONS = ("unique-layers", "repeated-types", "jaccard")
-EVALUATION_SECTIONS = ("e2e", "normalized", "geomean", "speedup", "uncertainty")
+EVALUATION_SECTIONS = ("summary", "e2e", "normalized", "geomean", "speedup", "uncertainty")
 
 
 # ------------------------------------------------------------------------------ models
@@ -101,7 +103,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     config = RunnerConfig(min_time=0.01, max_time=0.05, warmup_time=0.0, warmup_iters=1, min_iters=5)
     store_path = root / "results.sqlite"
     with Store(store_path) as store:
-        evaluation = evaluate(models, GS, store=store, config=config, n_boot=50)
+        evaluation = evaluate(models, GS, store=store, config=config, n_boot=50).to_dict()
     evaluation["store"] = str(store_path)
     analysis = analyze(models, GS)
     with Store(store_path, readonly=True) as store:
@@ -124,7 +126,8 @@ class _Doc(HTMLParser):
         self.errors: list[str] = []
         self.ids: list[str] = []
         self.urls: list[str] = []
-        self.imgs: dict[str, str] = {}
+        self.imgs: dict[str, str] = {}  # figure id -> its img src, or "svg" for an inline SVG
+        self.svg_tags: dict[str, int] = {}  # figure id -> elements of its SVG
         self.tables: dict[str, list[list[str]]] = {}
         self.sections: dict[str, dict] = {}
         self.body_attrs: dict[str, str | None] = {}
@@ -152,6 +155,11 @@ class _Doc(HTMLParser):
                 self.sections[self._section]["figures"].append(self._figure)
         if tag == "img":
             self.imgs[self._figure or f"img{len(self.imgs)}"] = a.get("src") or ""
+        if tag == "svg" and self._figure and self._figure not in self.imgs:
+            self.imgs[self._figure] = "svg"
+            self.svg_tags[self._figure] = 0
+        if self._figure in self.svg_tags:
+            self.svg_tags[self._figure] += 1
         if tag == "table":
             self._table = a.get("id") or f"table{len(self.tables)}"
             self.tables[self._table] = []
@@ -216,16 +224,73 @@ def test_report_has_every_section_with_an_embedded_figure(run: dict) -> None:
         assert doc.sections[sid]["notes"] == [], (sid, doc.sections[sid]["notes"])
     for sid, fid in FIGURES.items():
         assert fid in doc.sections[sid]["figures"], (sid, doc.sections[sid])
-        src = doc.imgs[fid]
-        assert src.startswith("data:image/png;base64,"), fid
-        png = base64.b64decode(src.split(",", 1)[1], validate=True)
-        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000, fid
-    # The system and the runner settings that produced the evaluation.
+        assert doc.imgs[fid] == "svg" and doc.svg_tags[fid] > 20, fid  # vector, inline
+    # The system and the runner settings that produced the results.
     sid = run["evaluation"]["system_id"]
     fp = {row[0]: row[1] for row in doc.tables[f"fingerprint-{sid}"]}
     assert fp["cpu.logical_cores"] and fp["versions.onnxruntime"]
     cfg = {row[0]: row[1] for row in doc.tables[f"config-{run['evaluation']['config_key']}"]}
-    assert cfg["min_time"] == "0.01" and cfg["intra_op_threads"] == "1"
+    assert cfg["min_time"] == "0.01" and cfg["intra_op_threads"] == "1" and cfg["max_rounds"] == "60"
+
+
+def test_report_opens_with_the_answer_and_ends_with_the_system(run: dict) -> None:
+    doc = _parse(run["html"])
+    order = list(doc.sections)
+    assert order[0] == "summary" and order[-1] == "system"
+    ev = run["evaluation"]
+    acc = _body_rows(doc, "table-summary")
+    assert [int(r[0]) for r in acc] == list(GS)
+    for row, g in zip(acc, ev["per_g"]):
+        assert row[1] == f"{100 * g['within_5pct']:.0f}%" and row[2] == f"{100 * g['within_10pct']:.0f}%"
+        worst = max(ev["models"], key=lambda m: abs(m["per_g"][str(g["G"])]["sequential"]["normalized"] - 1))
+        assert row[5].startswith(worst["name"])
+    head, *cost = doc.tables["table-summary-cost"]
+    assert "wall-clock speedup" in head and "paper speedup (latency ratio)" in head
+    assert [float(r[4].rstrip("×")) for r in cost] == pytest.approx([g["wallclock_speedup"] for g in ev["per_g"]],
+                                                                     abs=5e-3)
+    text = run["html"]
+    summary = text[text.index('<section id="summary">'):text.index('<section id="e2e">')]
+    assert "within ±5%" in summary and "Paper speedup" in summary and "came from the results store" in summary
+    assert summary.index("Accuracy") < summary.index("Cost") < summary.index("Reuse")
+
+
+def test_models_short_of_the_precision_are_flagged_in_the_summary_and_tables(run: dict) -> None:
+    ev = copy.deepcopy(run["evaluation"])
+    name = ev["models"][0]["name"]
+    ev["models"][0].update(flagged=True, flags=["end to end: +/-3.1% > +/-2.0%"])
+    ev["precision_check"] = {"precision": 0.02, "models_flagged": 1, "results_unconverged": 2,
+                             "flagged": [{"model": name, "G": None, "rel_halfwidth": 0.031}], "unconverged": []}
+    text = build_report(None, ev)
+    doc = _parse(text)
+    summary = text[text.index('<section id="summary">'):text.index('<section id="e2e">')]
+    assert "1 model(s) short of ±2.0%" in summary and "2 result(s) stopped at the round limit" in summary
+    e2e = {r[0]: r[-1] for r in _body_rows(doc, "table-e2e")}
+    assert e2e[name].startswith("⚠") and "3.1%" in e2e[name]
+    assert all(v == "" for k, v in e2e.items() if k != name)
+    assert _parse(run["html"]).tables["table-normalized"][0][-1] == "precision"
+    clean = run["html"][run["html"].index('<section id="summary">'):run["html"].index('<section id="e2e">')]
+    assert "⚠" not in clean.split("<svg", 1)[0]
+
+
+def test_the_results_table_is_a_summary_of_a_large_store(tmp_path: Path) -> None:
+    from test_store import SYSTEM, _measurement
+
+    cfg = RunnerConfig()
+    with Store(tmp_path / "big.sqlite") as st:
+        st.put_bricks((f"{i:032x}", 1, {"g": 1, "op_types": ["Relu"]}) for i in range(400))
+        for i in range(400):
+            m = _measurement(times=(100 + i % 7, 101, 102, 120 + i % 13, 99))
+            if i % 100 == 0:
+                m.rounds, m.stop_reason, m.median_se_ns = 60, "max_rounds", 3.0
+            st.put_result("brick", f"{i:032x}", 1, SYSTEM, cfg, m)
+        text = build_report(None, None, store=st)
+    doc = _parse(text)
+    rows = _body_rows(doc, "table-results")
+    assert len(rows) == RESULT_ROWS
+    assert [r[-1] for r in rows[:4]] == ["stopped at the round limit"] * 4 and rows[4][-1] == ""
+    intro = text[text.index('<section id="results">'):text.index("table-results")]
+    assert "400 results" in intro and "4 stopped at the round limit" in intro and "dlbricks results" in intro
+    assert len(text.encode()) < 200_000
 
 
 def test_report_is_well_formed_and_self_contained(run: dict) -> None:
@@ -238,8 +303,11 @@ def test_report_is_well_formed_and_self_contained(run: dict) -> None:
         if url.startswith("#"):
             assert url[1:] in doc.ids, f"dangling link {url}"
     lowered = text.lower()
-    for needle in ("http://", "https://", "//cdn", "url(", "@import", "<link", "<iframe"):
+    for needle in ("http://", "https://", "//cdn", "@import", "<link", "<iframe"):
         assert needle not in lowered, needle
+    # An SVG refers to its own clip paths and markers only, by prefixed id.
+    for ref in re.findall(r"url\(([^)]*)\)", text) + re.findall(r'xlink:href="(#[^"]*)"', text):
+        assert ref.startswith("#") and ref[1:] in doc.ids, ref
 
 
 def test_report_tables_carry_the_evaluation_numbers(run: dict) -> None:
@@ -273,9 +341,12 @@ def test_top_bricks_weight_each_median_by_its_occurrences(run: dict) -> None:
     for b in bricks:
         assert b["contribution_s"] == pytest.approx(b["median_s"] * b["occurrences"])
         assert len(b["op_types"]) == 1  # G=1: one layer per brick
-    # Summed over the corpus they are the sequential predictions summed over the models.
+    # Summed over the corpus they are the sequential predictions summed over the models, once each
+    # brick's fixed per-call cost is counted once per model instead (the call-overhead correction).
     predicted = sum(m["per_g"]["1"]["sequential"]["latency_s"] for m in ev["models"])
-    assert sum(contributions) == pytest.approx(predicted, rel=1e-9)
+    c = (ev.get("call_overhead_ns") or 0.0) * 1e-9
+    corrected = sum(b["occurrences"] * max(b["median_s"] - c, 0.0) for b in bricks) + c * len(ev["models"])
+    assert corrected == pytest.approx(predicted, rel=1e-9)
     rows = _body_rows(_parse(run["html"]), "table-top-bricks")
     assert len(rows) == min(TOP_BRICKS, len(bricks))
     assert [r[1] for r in rows] == [b["digest"][:12] for b in bricks[: len(rows)]]
@@ -319,7 +390,7 @@ def test_store_only_report_shows_settings_results_and_bricks_by_median(run: dict
     assert doc.errors == []
     assert any(i.startswith("fingerprint-") for i in doc.ids)
     assert f"config-{run['evaluation']['config_key']}" in doc.ids
-    assert len(_body_rows(doc, "table-results")) == n_results
+    assert len(_body_rows(doc, "table-results")) == min(n_results, RESULT_ROWS)
     rows = _body_rows(doc, "table-top-bricks")
     assert len(rows) == min(TOP_BRICKS, n_bricks)
     assert all(r[4] == "" for r in rows)  # no occurrence counts without the models
@@ -332,7 +403,9 @@ def test_store_only_report_shows_settings_results_and_bricks_by_median(run: dict
 def test_missing_inputs_leave_each_section_with_a_note(run: dict) -> None:
     doc = _parse(build_report(None, None))
     assert doc.errors == [] and doc.imgs == {}
-    for sid, _head in SECTIONS[:-1]:
+    for sid, _head in SECTIONS:
+        if sid == "roofline":
+            continue
         assert doc.sections[sid]["notes"] and doc.sections[sid]["notes"][0].strip(), sid
     doc = _parse(build_report(run["analysis"], None))
     for sid in ANALYSIS_SECTIONS:
@@ -361,25 +434,58 @@ def test_text_from_the_inputs_is_escaped() -> None:
     assert all(u.startswith(("data:", "#")) for u in doc.urls)
 
 
-def test_roofline_is_rendered_generically_when_given(run: dict) -> None:
-    png = base64.b64decode(_parse(run["html"]).imgs["fig-jaccard"].split(",", 1)[1])
-    roofline = {
-        "schema_version": 0,
-        "peak_gflops": 123.5,
-        "models": [{"name": "convnet", "gflop": 0.02, "intensity": 3.5, "extra": {"nested": 1}},
-                   {"name": "mlp", "gflop": 0.001, "bound": "memory"}],
-        "peaks": {"gflops": 50.0, "flags": ["avx2", "fma"]},
-        "brick_headroom": {"1": [{"digest": "ab" * 16, "bound_s": 1.5e-6, "measured_s": 3e-6}]},
-        "plot_png_base64": base64.b64encode(png).decode(),
+def _roofline_json() -> dict:
+    layer = {"index": 0, "name": "n0", "kind": "Conv", "flops": 2_000_000, "arithmetic_intensity": 20.0,
+             "measured_s": 1e-4, "bound_s": 5e-5, "limit": "compute", "efficiency": 0.5, "beats_bound": False}
+    fast = {**layer, "index": 1, "name": "n1", "kind": "Relu", "flops": 1000, "arithmetic_intensity": 0.25,
+            "measured_s": 1e-6, "bound_s": 3e-6, "limit": "memory", "efficiency": 3.0, "beats_bound": True}
+    reshape = {**layer, "index": 2, "name": "n2", "kind": "Reshape", "flops": 0, "arithmetic_intensity": None}
+    beats = [{"model": "convnet", "name": f"n{i}", "kind": "Relu", "limit": "memory", "bound_s": 3e-6,
+              "measured_s": 1e-6, "efficiency": 3.0 - i / 100, "cause": "cache_resident"} for i in range(40)]
+    return {
+        "schema_version": 1,
+        "peaks": {"gflops": 50.0, "bandwidth_gbs": 10.0, "threads": 1, "quick": True,
+                  "gflops_by_size": {"256": 48.0, "512": 50.0},
+                  "caches": [{"level": 3, "type": "Unified", "size_bytes": 32 << 20}]},
+        "noise": 0.05,
+        "models": [{"name": "convnet", "n_layers": 3, "measured_s": 2e-4, "measured_source": "end_to_end",
+                    "ideal_sequential_s": 5.3e-5, "ideal_critical_path_s": 5.3e-5, "efficiency": 0.265,
+                    "layers_measured": 2, "beats_bound": 1, "kinds_without_formula": [], "layer_sum_s": 1.01e-4,
+                    "scenarios": {"at_bound": {"latency_s": 5.3e-5, "speedup": 1.9}},
+                    "layers": [layer, fast, reshape]}],
+        "headroom": [{"kind": "Conv", "occurrences": 2, "models": ["convnet"], "measured_s": 1e-4, "bound_s": 5e-5,
+                      "limit": "compute", "efficiency": 0.5, "total_headroom_s": 1e-4, "example": "convnet:n0"}],
+        "brick_headroom": {},
+        "beats_bound": beats,
     }
-    doc = _parse(build_report(None, None, roofline=roofline))
-    assert "roofline" in doc.sections and "#roofline" in doc.urls
-    assert doc.imgs["fig-roofline"].startswith("data:image/png;base64,")
-    assert doc.tables["table-roofline"][0] == ["name", "gflop", "intensity", "bound"]
-    assert [r[0] for r in _body_rows(doc, "table-roofline")] == ["convnet", "mlp"]
-    meta = {r[0]: r[1] for r in doc.tables["roofline-meta"]}
-    assert meta["peak_gflops"] == "123.5" and meta["peaks.gflops"] == "50" and meta["peaks.flags"] == "avx2, fma"
-    assert _body_rows(doc, "table-roofline-brick-headroom-1") == [["ab" * 16, "1.500 µs", "3.000 µs"]]
+
+
+def test_roofline_reads_like_the_rest_of_the_report() -> None:
+    roofline = _roofline_json()
+    text = build_report(None, None, roofline=roofline, roofline_source="work/roofline.json")
+    doc = _parse(text)
+    assert doc.errors == [] and "roofline" in doc.sections and "#roofline" in doc.urls
+    assert doc.imgs["fig-roofline"] == "svg"  # drawn from the layers, as vector
+    section = text[text.index('<section id="roofline">'):text.index('<section id="system">')]
+    # Every count explained, every mark in the legend, no raw JSON keys.
+    assert "2 of 3 layers drawn" in section and "1 move data without arithmetic" in section
+    for mark in ("faster than its bound", "ridge point", "roofline: 50 GFLOP/s"):
+        assert mark in section, mark
+    for raw in ("gflops_by_size", "peaks.", "measured_source", "ideal_sequential_s", "plot_png_base64"):
+        assert raw not in section, raw
+    peaks = {r[0]: r[1] for r in doc.tables["roofline-peaks"]}
+    assert peaks["Compute peak (MatMul)"] == "50.0 GFLOP/s"
+    assert peaks["Ridge point (compute-bound above)"] == "5.0 FLOP/byte"
+    head, row = doc.tables["table-roofline"]
+    assert head[:3] == ["model", "layers", "measured latency"] and row[3] == "end to end"
+    # A long list is summarised, and says where the rest is.
+    assert len(_body_rows(doc, "table-roofline-beats")) == 15
+    assert "all 40 are in work/roofline.json" in section and "40 layers ran faster than their bound" in section
+    # Without per-layer data the JSON's own picture is shown, its marks explained.
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 64).decode()
+    plain = _parse(build_report(None, None, roofline={**roofline, "models": [
+        {k: v for k, v in roofline["models"][0].items() if k != "layers"}], "plot_png_base64": png}))
+    assert plain.imgs["fig-roofline"].startswith("data:image/png;base64,")
     bad = _parse(build_report(None, None, roofline={"plot_png_base64": "not base64!"}))
     assert "fig-roofline" not in bad.imgs and bad.sections["roofline"]["notes"]
 

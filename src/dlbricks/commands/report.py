@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlbricks.commands._common import add_model_args, add_store_arg, parse_g_list, parse_input_shapes
+from dlbricks.commands._common import add_model_args, add_store_arg, parse_g_list, parse_input_shapes, require_store
 from dlbricks.errors import UsageError
 
 
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
         store = Store(store_path, readonly=True)
     try:
-        html = build_report(analysis, evaluation, store=store, roofline=roofline, models=models, title=args.title)
+        html = build_report(analysis, evaluation, store=store, roofline=roofline, models=models, title=args.title,
+                            roofline_source=args.roofline)
     finally:
         if store is not None:
             store.close()
@@ -79,10 +80,7 @@ def _store_path(option: str | None, evaluation: dict[str, Any] | None) -> Path |
     from dlbricks.store import default_store_path
 
     if option is not None:
-        path = Path(option)
-        if not path.is_file():
-            raise UsageError(f"--store {option}: no such file")
-        return path
+        return require_store(option)
     named = (evaluation or {}).get("store")
     for candidate in ([Path(named)] if named else []) + [default_store_path()]:
         if candidate.is_file():
@@ -107,7 +105,10 @@ def _from_models(args: argparse.Namespace, analysis: dict | None, evaluation: di
     if evaluation and evaluation.get("runtime_graph"):
         # The evaluation timed the bricks of the graphs onnxruntime executes.
         from dlbricks.loading.runtime_graph import runtime_models
+        from dlbricks.timing import RunnerConfig
 
-        level = (evaluation.get("config") or {}).get("graph_optimization", "default")
-        models = runtime_models(models, level=level, input_shapes=shapes)
+        # The evaluation's configuration, without its cores: they may not exist here,
+        # and pinning does not change the optimised graph.
+        config = RunnerConfig.from_dict({**(evaluation.get("config") or {}), "cores": None})
+        models = runtime_models(models, config=config, input_shapes=shapes)
     return analysis, models

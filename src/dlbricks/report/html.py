@@ -2,9 +2,10 @@
 
 :func:`build_report` turns what ``dlbricks analyze --json`` and ``dlbricks evaluate
 --save`` produce (plus, optionally, the store, the models and a roofline result) into
-a single HTML page that works offline: figures are matplotlib PNGs embedded as
-``data:`` URIs, the CSS and the few lines of JavaScript that sort tables are inline,
-and nothing is fetched from anywhere. Every text that comes from the inputs is
+a single HTML page that works offline: figures are matplotlib SVGs inline, the CSS and the few lines of JavaScript that sort tables are inline,
+and nothing is fetched from anywhere. It opens with the answer (the summary: accuracy,
+cost, reuse, precision) and ends with the system and runner details; long lists are
+summarised, the full data being what ``dlbricks results`` exports. Every text that comes from the inputs is
 escaped. A section whose data is missing keeps its heading and says what would fill
 it, so two reports of the same corpus always have the same outline.
 
@@ -39,6 +40,7 @@ def build_report(
     roofline: Mapping[str, Any] | None = None,
     models: Sequence[Model] | None = None,
     title: str = "dlbricks report",
+    roofline_source: str | None = None,
 ) -> str:
     """Render one self-contained HTML page.
 
@@ -49,13 +51,16 @@ def build_report(
             settings, the stored results table and per-brick medians.
         fingerprint: the system fingerprint to show (default: the store's entry for
             the evaluation's system, or this machine's when its id matches).
-        roofline: the JSON of ``dlbricks roofline --json``; rendered generically (a
-            table of its ``models`` list, its ``plot_png_base64`` image). Omitted when None.
+        roofline: the JSON of ``dlbricks roofline --json`` (peaks, models, what-ifs,
+            headroom, layers faster than their bound; the plot drawn from its per-layer
+            data). Omitted when None.
         models: the models the evaluation decomposed. With the store they give each
             brick's number of occurrences, so the top bricks are ranked by the time
             they add to the corpus; without them (and without a ``bricks`` list in
             the evaluation) bricks are ranked by median alone.
         title: the page title.
+        roofline_source: the file the roofline JSON came from, named where its long
+            lists are cut.
 
     Returns:
         The HTML document as a string.
@@ -65,7 +70,7 @@ def build_report(
     """
     from dlbricks import __version__
 
-    ctx = Context(analysis, evaluation, store, fingerprint, roofline, models)
+    ctx = Context(analysis, evaluation, store, fingerprint, roofline, models, roofline_source)
     body = render_sections(ctx)
     nav = "".join(
         f'<li><a href="#{sid}">{esc(head)}</a></li>'
@@ -133,8 +138,11 @@ nav a:hover{text-decoration:underline}
 .note{color:var(--muted);font-style:italic}
 .missing{background:var(--band);padding:8px 12px;border-left:3px solid #c9a227}
 figure{margin:12px 0;text-align:center}
-figure img{max-width:100%;height:auto}
-figcaption{color:var(--muted);font-size:13px}
+figure img,figure svg{max-width:100%;height:auto}
+figcaption{color:var(--muted);font-size:13px;max-width:900px;margin:0 auto}
+figcaption .legend{font-size:12px}
+ul.headline{font-size:16px;line-height:1.6;max-width:1000px;padding-left:20px}
+ul.headline li.warn{color:#8a4b00}
 .tablewrap{display:inline-block;max-width:100%;overflow:auto;max-height:640px;margin:10px 0;
   border:1px solid var(--line);vertical-align:top}
 .tablewrap.kvwrap{max-height:none}

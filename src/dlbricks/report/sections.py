@@ -7,7 +7,6 @@ and says what would fill it.
 
 from __future__ import annotations
 
-import base64
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from dlbricks.report.markup import (
@@ -32,6 +31,8 @@ from dlbricks.report.plots import (
     time_scale,
 )
 
+from dlbricks.report.summary import flag_cell
+
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.model import Model
     from dlbricks.store import Store
@@ -41,24 +42,27 @@ __all__ = ["SECTIONS", "TOP_BRICKS", "Context", "brick_contributions", "render_s
 
 #: (id, heading) of every section, in page order. ``roofline`` only appears when given.
 SECTIONS: tuple[tuple[str, str], ...] = (
-    ("system", "System and runner settings"),
-    ("unique-layers", "Unique layers per model"),
-    ("repeated-types", "Types of repeated layers"),
-    ("jaccard", "Jaccard similarity of models"),
+    ("summary", "Summary"),
     ("e2e", "End-to-end latency per model"),
     ("normalized", "Normalized constructed latency per model and G"),
     ("geomean", "Geometric mean of normalized latency versus G"),
     ("speedup", "Benchmarking speedup versus G"),
-    ("top-bricks", "Bricks that contribute most time to the corpus"),
     ("uncertainty", "Uncertainty of each prediction"),
+    ("top-bricks", "Bricks that contribute most time to the corpus"),
+    ("unique-layers", "Unique layers per model"),
+    ("repeated-types", "Types of repeated layers"),
+    ("jaccard", "Jaccard similarity of models"),
     ("results", "Stored results"),
     ("roofline", "Roofline"),
+    ("system", "System and runner settings"),
 )
 
 
 #: How many bricks the "top bricks" section lists.
 TOP_BRICKS = 15
-_MAX_RESULT_ROWS = 2000
+#: Rows of the stored-results table (the flagged and least precise first); the full
+#: table is what ``dlbricks results`` exports.
+RESULT_ROWS = 30
 _TOP_TYPES = 8  # repeated-layer types drawn in colour; the rest are "other"
 
 
@@ -141,8 +145,10 @@ class Context:
         fingerprint: Mapping[str, Any] | None,
         roofline: Mapping[str, Any] | None,
         models: Sequence[Model] | None,
+        roofline_source: str | None = None,
     ) -> None:
         self.analysis = analysis
+        self.roofline_source = roofline_source
         self.evaluation = evaluation
         self.store = store
         self.fingerprint = fingerprint
@@ -171,25 +177,33 @@ class Context:
 
 def render_sections(ctx: Context) -> list[str]:
     """Every section's HTML, in page order; the roofline only when the context has one."""
-    body = [
-        _system_section(ctx),
-        _unique_layers_section(ctx),
-        _repeated_types_section(ctx),
-        _jaccard_section(ctx),
-        _e2e_section(ctx),
-        _normalized_section(ctx),
-        _geomean_section(ctx),
-        _speedup_section(ctx),
-        _top_bricks_section(ctx),
-        _uncertainty_section(ctx),
-        _results_section(ctx),
-    ]
-    if ctx.roofline is not None:
-        body.append(_roofline_section(ctx.roofline))
+    from dlbricks.report.plots import style
+    from dlbricks.report.roofline_view import roofline_section
+    from dlbricks.report.summary import summary_section
+
+    with style():
+        body = [
+            summary_section(ctx, section),
+            _e2e_section(ctx),
+            _normalized_section(ctx),
+            _geomean_section(ctx),
+            _speedup_section(ctx),
+            _uncertainty_section(ctx),
+            _top_bricks_section(ctx),
+            _unique_layers_section(ctx),
+            _repeated_types_section(ctx),
+            _jaccard_section(ctx),
+            _results_section(ctx),
+        ]
+        if ctx.roofline is not None:
+            body.append(roofline_section(ctx.roofline, section, ctx.roofline_source))
+        body.append(_system_section(ctx))
     return body
 
 
-def _section(sid: str, body: str = "", *, note: str | None = None, intro: str | None = None) -> str:
+def section(sid: str, body: str = "", *, note: str | None = None, intro: str | None = None) -> str:
+    """A section of the page: its heading (from :data:`SECTIONS`), an intro, a note
+    saying what is missing, and the body (HTML, already escaped)."""
     head = dict(SECTIONS)[sid]
     parts = [f'<section id="{sid}">', f"<h2>{esc(head)}</h2>"]
     if intro:
@@ -199,6 +213,9 @@ def _section(sid: str, body: str = "", *, note: str | None = None, intro: str | 
     parts.append(body)
     parts.append("</section>")
     return "\n".join(p for p in parts if p)
+
+
+_section = section
 
 
 def _system_section(ctx: Context) -> str:
@@ -232,13 +249,26 @@ def _system_section(ctx: Context) -> str:
                      f'{kv_table(rows, IDENTITY_FIELDS, f"fingerprint-{sid}")}</div>')
     if not fps:
         notes.append("No system fingerprint: pass the results store (--store) or a fingerprint.")
-    configs: dict[str, Mapping[str, Any]] = {}
-    if ctx.evaluation is not None and ctx.evaluation.get("config"):
-        configs[ctx.config_key or "evaluation"] = ctx.evaluation["config"]
+    produced = _result_settings(ctx)
+    configs: list[tuple[str, str, Mapping[str, Any]]] = []
+    if produced:
+        for i, (cfg, n) in enumerate(produced):
+            title = "Runner settings that produced the results" + (f" ({n} of them)" if len(produced) > 1 else "")
+            configs.append((title, f"{ctx.config_key or 'store'}-{i}" if len(produced) > 1 else str(ctx.config_key), cfg))
+        run_cfg = (ctx.evaluation or {}).get("config")
+        if run_cfg:
+            differ = sorted({k for cfg, _ in produced for k in set(cfg) | set(run_cfg)
+                             if k in cfg and k in run_cfg and cfg[k] != run_cfg[k]})
+            if differ:
+                notes.append("This evaluation ran with other settings than some of the results it reused "
+                             f"({', '.join(differ)}); the tables show the results' own.")
+    elif ctx.evaluation is not None and ctx.evaluation.get("config"):
+        configs.append(("Runner settings of the evaluation", str(ctx.config_key or "evaluation"), ctx.evaluation["config"]))
     elif ctx.store is not None:
-        configs.update(ctx.store.configs())
-    for key, cfg in configs.items():
-        parts.append(f'<div><h3>Runner settings <code>{esc(key)}</code></h3>'
+        configs += [("Runner settings recorded with the first result under key", k, c)
+                    for k, c in ctx.store.configs().items()]
+    for title, key, cfg in configs:
+        parts.append(f'<div><h3>{esc(title)} <code>{esc(key)}</code></h3>'
                      f'{kv_table([(k, kv_value(v, "none")) for k, v in flatten(cfg)], (), f"config-{key}")}</div>')
     if not configs:
         notes.append("No runner settings: pass an evaluation or the results store.")
@@ -246,6 +276,22 @@ def _system_section(ctx: Context) -> str:
              if fps else None)
     body = f'<div class="cols">{"".join(parts)}</div>' if parts else ""
     return _section("system", body, note=" ".join(notes) or None, intro=intro)
+
+
+def _result_settings(ctx: Context) -> list[tuple[dict[str, Any], int]]:
+    """The runner settings each stored result of the evaluation's key was measured
+    with (recorded with the result), distinct ones with their counts, most used first."""
+    import json
+
+    if ctx.store is None or not ctx.config_key:
+        return []
+    counts: dict[str, int] = {}
+    for rec in ctx.store.results(system_id=ctx.system_id, config_key=ctx.config_key, with_times=False):
+        cfg = (rec.meta or {}).get("config")
+        if cfg:
+            key = json.dumps(cfg, sort_keys=True)
+            counts[key] = counts.get(key, 0) + 1
+    return [(json.loads(k), n) for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
 
 
 def _analysis_models(ctx: Context) -> list[Mapping[str, Any]] | None:
@@ -276,7 +322,7 @@ def _unique_layers_section(ctx: Context) -> str:
     if finite(corpus.get("unique_layer_pct")):
         ax.axvline(corpus["unique_layer_pct"], color="#e45756", ls="--",
                    label=f"whole corpus: {corpus['unique_layer_pct']:.1f}%")
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     cols = ["model", "layers", "unique layers", "unique %"]
     for G in Gs:
@@ -331,7 +377,7 @@ def _repeated_types_section(ctx: Context) -> str:
         left = [a + b for a, b in zip(left, vals)]
     rows_axis(ax, [label(m["name"]) for m in ms])
     ax.set_xlabel("repeated layers (occurrences after the first, within the model)")
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     grand = sum(totals.values())
     rows = [[t, totals[t], number_cell(100.0 * totals[t] / grand, 1), carriers[t]] for t in order]
@@ -362,7 +408,7 @@ def _jaccard_section(ctx: Context) -> str:
     if n <= 15:
         for i in range(n):
             for j in range(n):
-                ax.text(j, i, f"{mat[i][j]:.2f}", ha="center", va="center", fontsize=7,
+                ax.text(j, i, f"{mat[i][j]:.2f}", ha="center", va="center", fontsize=9,
                         color="white" if mat[i][j] < 0.6 else "black")
     pairs = sorted(((mat[i][j], names[i], names[j]) for i in range(n) for j in range(i + 1, n)),
                    key=lambda p: (-p[0], p[1], p[2]))
@@ -399,8 +445,9 @@ def _e2e_section(ctx: Context) -> str:
     rows = []
     for m, v, ci in zip(ms, vals, cis):
         rows.append([m["name"], m.get("layers"), seconds_cell(v), seconds_cell(ci[0]), seconds_cell(ci[1]),
-                     seconds_cell(m.get("layer_sum_s")), seconds_cell(m.get("layer_critical_path_s"))])
-    cols = ["model", "layers", "end-to-end", "CI low", "CI high", "sum of layers (G=1)", "layer critical path (G=1)"]
+                     seconds_cell(m.get("layer_sum_s")), seconds_cell(m.get("layer_critical_path_s")), flag_cell(m)])
+    cols = ["model", "layers", "end-to-end", "CI low", "CI high", "sum of layers (G=1)", "layer critical path (G=1)",
+            "precision"]
     return _section("e2e", figure(fig, "fig-e2e", "End-to-end latency per model (median, 95% CI)")
                     + table(cols, rows, tid="table-e2e"),
                     intro="Each whole model timed on its own, with the same runner settings as the bricks.")
@@ -450,18 +497,19 @@ def _normalized_section(ctx: Context) -> str:
     rows_axis(ax, [label(m["name"]) for m in ms])
     log_if_spread(ax, allv, ratio=20.0)
     ax.set_xlabel("constructed latency / end-to-end latency (sequential sum of bricks)")
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     cols = ["model"]
     for G in Gs:
         cols += [f"G={G} sequential", f"G={G} parallel"]
+    cols.append("precision")
     rows = []
     for m in ms:
         row: list[Any] = [m["name"]]
         for G in Gs:
             row += [number_cell((_pred(m, G, "sequential") or {}).get("normalized")),
                     number_cell((_pred(m, G, "parallel") or {}).get("normalized"))]
-        rows.append(row)
+        rows.append(row + [flag_cell(m)])
     intro = ("1.0 means the bricks' latencies add up to exactly the measured end-to-end latency. "
              "Sequential: the sum over the model's bricks; parallel: the longest path through its graph of bricks.")
     return _section("normalized", figure(fig, "fig-normalized", "Normalized constructed latency per model and G "
@@ -493,7 +541,7 @@ def _geomean_section(ctx: Context) -> str:
     ax.set_xticks(Gs)
     ax.set_xlabel("G (layers per brick, at most)")
     ax.set_ylabel("normalized latency")
-    ax.legend(fontsize=8)
+    ax.legend()
     ax.grid(alpha=0.3)
     rows = [[g["G"], g.get("unique_bricks"), g.get("bricks"), number_cell(g.get("geomean_normalized")),
              number_cell(g.get("min_normalized")), number_cell(g.get("max_normalized")), number_cell(g.get("geomean_normalized_parallel"))]
@@ -519,7 +567,7 @@ def _speedup_section(ctx: Context) -> str:
     ax.set_xticks(Gs)
     ax.set_xlabel("G (layers per brick, at most)")
     ax.set_ylabel("speedup (×)")
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(loc="best")
     ax.grid(alpha=0.3)
     rows = [[g["G"], number_cell(g.get("speedup"), 2, "×"), number_cell(g.get("wallclock_speedup"), 2, "×"),
              seconds_cell(g.get("e2e_total_s")), seconds_cell(g.get("bricks_total_s")), seconds_cell(g.get("e2e_wall_s")),
@@ -606,7 +654,7 @@ def _top_bricks_section(ctx: Context) -> str:
               for i, b in enumerate(top)]
     y = list(range(len(top)))
     ax.barh(y, [v / scale for v in vals], color="#e45756" if weighted else "#4c78a8")
-    rows_axis(ax, labels, fontsize=8)
+    rows_axis(ax, labels, fontsize=9)
     ax.set_xlabel(f"{'median × occurrences' if weighted else 'median'} ({unit})")
     ax.grid(axis="x", alpha=0.3)
     cum = 0.0
@@ -650,7 +698,7 @@ def _uncertainty_section(ctx: Context) -> str:
     rows_axis(ax, [label(m["name"]) for m in ms])
     ax.set_xlabel("95% interval half-width (% of the estimate)")
     ax.set_xlim(left=0)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     rows = []
     for m in ms:
@@ -668,8 +716,10 @@ def _uncertainty_section(ctx: Context) -> str:
                 ])
     cols = ["model", "G", "mode", "bricks", "predicted", "CI low", "CI high", "± %", "end-to-end", "normalized",
             "norm. CI low", "norm. CI high"]
-    intro = ("Intervals come from bootstrapping each brick's median from its own kept iteration times and "
-             "rebuilding the prediction per replicate (2.5 to 97.5 percentiles).")
+    intro = ("Each brick's latency is known to its standard error, from the spread between the rounds it was "
+             "measured in (so drift between measurement slots is included); the prediction is rebuilt from "
+             "Student-t replicates of every brick (2.5 to 97.5 percentiles). Normalized intervals add the "
+             "end-to-end measurement's own uncertainty.")
     return _section("uncertainty", figure(fig, "fig-uncertainty", "Relative width of each prediction's 95% interval")
                     + table(cols, rows, tid="table-uncertainty"), intro=intro)
 
@@ -683,94 +733,56 @@ def _rel_halfwidth(v: Any, lo: Any, hi: Any) -> float:
 def _results_section(ctx: Context) -> str:
     if ctx.store is None:
         return _section("results", note="No results store given (--store).")
-    records = list(ctx.store.results(system_id=ctx.system_id, config_key=ctx.config_key))
+    records = list(ctx.store.results(system_id=ctx.system_id, config_key=ctx.config_key, with_times=False))
     if not records:
         return _section("results", note="The store holds no results" + (" for this system and configuration."
                                                                          if ctx.system_id else "."))
     meta = ctx.brick_meta()
     names = ctx.model_names()
-    rows = []
-    for r in records[:_MAX_RESULT_ROWS]:
+    unconverged = {(u["kind"], u["digest"]) for u in ((ctx.evaluation or {}).get("precision_check") or {})
+                   .get("unconverged", [])}
+
+    def rel(r: Any) -> float:
         s = r.stats or {}
+        return _rel_halfwidth(s.get("median"), s.get("ci_low"), s.get("ci_high"))
+
+    def stopped(r: Any) -> bool:
+        m = r.meta or {}
+        return (r.kind, r.digest) in unconverged or (int(m.get("rounds", 0) or 0) > 0 and m.get("stop_reason") != "converged")
+
+    # The failed and unconverged first, then the least precise: the rows worth a look.
+    ranked = sorted(records, key=lambda r: (r.ok, not stopped(r), -(rel(r) if finite(rel(r)) else -1.0)))
+    rows = []
+    for r in ranked[:RESULT_ROWS]:
+        s = r.stats or {}
+        m = r.meta or {}
         if r.kind == "brick":
             bm = meta.get((r.digest, r.digest_version)) or {}
             what, g = " → ".join(bm.get("op_types") or []), bm.get("g")
         else:
             what, g = (names.get((r.digest, r.digest_version)) or {}).get("name") or "", None
         med = s.get("median")
+        flag = "failed" if not r.ok else ("stopped at the round limit" if stopped(r) else "")
         rows.append([
-            r.kind, what, Cell(r.digest[:12], None, "mono"), g, r.status, s.get("n"),
+            r.kind, what, Cell(r.digest[:12], None, "mono"), g, m.get("rounds") or None, s.get("n"),
             seconds_cell(med * 1e-9 if finite(med) else None),
-            seconds_cell(s["mad"] * 1e-9 if finite(s.get("mad")) else None),
-            seconds_cell(s["min"] * 1e-9 if finite(s.get("min")) else None),
             seconds_cell(s["ci_low"] * 1e-9 if finite(s.get("ci_low")) else None),
             seconds_cell(s["ci_high"] * 1e-9 if finite(s.get("ci_high")) else None),
-            number_cell(100.0 * s["cv"] if finite(s.get("cv")) else None, 1),
-            "unstable" if s.get("unstable") else "", r.error or "",
+            number_cell(rel(r), 2, "%"),
+            number_cell(100.0 * s["drift"] if finite(s.get("drift")) else None, 1, "%"),
+            m.get("stop_reason") or "", flag or r.error or "",
         ])
-    cols = ["kind", "layers / model", "digest", "G", "status", "n", "median", "MAD", "min", "CI low", "CI high",
-            "CV %", "flag", "error"]
-    shown = f"{len(rows)} of {len(records)}" if len(records) > len(rows) else str(len(records))
+    cols = ["kind", "layers / model", "digest", "G", "rounds", "runs", "median", "CI low", "CI high", "± %",
+            "drift between rounds %", "stop reason", "flag"]
     scope = (f"system {ctx.system_id}, config {ctx.config_key}" if ctx.system_id else "every system and configuration")
     n_failed = sum(1 for r in records if not r.ok)
-    n_unstable = sum(1 for r in records if r.stats and r.stats.get("unstable"))
-    intro = esc(f"{shown} results ({scope}); {n_failed} failed, {n_unstable} flagged unstable "
-               f"(coefficient of variation above 5%).")
+    n_stopped = sum(1 for r in records if stopped(r))
+    kinds = {k: sum(1 for r in records if r.kind == k) for k in ("brick", "model")}
+    store_arg = f" --store {ctx.store.path}" if ctx.store is not None else ""
+    intro = esc(
+        f"{len(records)} results ({kinds['brick']} bricks, {kinds['model']} models; {scope}): {n_failed} failed, "
+        f"{n_stopped} stopped at the round limit before the models they feed reached the stated precision. "
+        f"Shown: the {min(RESULT_ROWS, len(records))} worth a look first (failed, stopped, least precise). "
+        f"Every result, with model names, shapes, statistics and settings: `dlbricks results{store_arg} --format csv`."
+    )
     return _section("results", table(cols, rows, tid="table-results"), intro=intro)
-
-
-def _roofline_section(roofline: Mapping[str, Any]) -> str:
-    """Whatever the roofline JSON holds: its plot, each list of records as a table, the rest as fields."""
-    parts = []
-    img = roofline.get("plot_png_base64")
-    if isinstance(img, str) and img:
-        try:
-            base64.b64decode(img, validate=True)
-        except ValueError:
-            img = None
-        if img:
-            parts.append(f'<figure id="fig-roofline"><img src="data:image/png;base64,{img}" alt="Roofline plot">'
-                         "<figcaption>Roofline</figcaption></figure>")
-    fields: list[tuple[str, Any]] = []
-    tables: list[tuple[str, list[Mapping[str, Any]]]] = []
-
-    def walk(key: str, value: Any) -> None:
-        if _records(value):
-            tables.append((key, value))
-        elif isinstance(value, Mapping):
-            for k, v in value.items():
-                walk(f"{key}.{k}" if key else str(k), v)
-        elif isinstance(value, (list, tuple)):
-            if value and all(not isinstance(x, (Mapping, list, tuple)) for x in value):
-                fields.append((key, ", ".join(str(x) for x in value)))
-        else:
-            fields.append((key, value))
-
-    for k, v in roofline.items():
-        if k != "plot_png_base64":
-            walk(str(k), v)
-    for key, records in tables:
-        cols: list[str] = []
-        for r in records:
-            for k, v in r.items():
-                if k not in cols and not isinstance(v, (Mapping, list, tuple)):
-                    cols.append(str(k))
-        tid = "table-roofline" if key == "models" else "table-roofline-" + "".join(
-            c if c.isalnum() else "-" for c in key)
-        shown = records[:_MAX_RESULT_ROWS]
-        caption = key if len(shown) == len(records) else f"{key} (first {len(shown)} of {len(records)})"
-        parts.append(table(cols, [[_generic_cell(c, r.get(c)) for c in cols] for r in shown], tid=tid,
-                            caption=caption))
-    if fields:
-        parts.append(kv_table([(k, kv_value(v)) for k, v in fields], (), "roofline-meta"))
-    return _section("roofline", "\n".join(parts), note=None if parts else "The roofline result is empty.")
-
-
-def _records(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(x, Mapping) for x in value)
-
-
-def _generic_cell(key: str, v: Any) -> Any:
-    if finite(v) and isinstance(v, float):
-        return seconds_cell(v) if key.endswith("_s") else Cell(f"{v:.4g}", v, "num")
-    return v

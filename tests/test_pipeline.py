@@ -146,10 +146,29 @@ def test_missing_bricks_are_a_clear_error(tmp_path):
 def test_construct_cli_without_results_exits_1(tmp_path, capsys):
     path = tmp_path / "chain.onnx"
     onnx.save(chain_model(2), str(path))
+    Store(tmp_path / "s.sqlite").close()  # a store, but nothing measured in it
     code = main(["construct", str(path), "-G", "1", "--store", str(tmp_path / "s.sqlite"), *FAST_CLI])
     err = capsys.readouterr().err
     assert code == 1
     assert "have no stored result" in err and "--measure-missing" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [
+    ["construct", "MODEL", "-G", "1"],
+    ["evaluate", "MODEL", "-G", "1", "--no-measure"],
+    ["report"],
+    ["results"],
+    ["roofline", "MODEL", "--no-measure"],
+])
+def test_read_only_commands_refuse_a_store_that_is_not_there_and_never_create_one(tmp_path, capsys, command):
+    path = tmp_path / "chain.onnx"
+    onnx.save(chain_model(2), str(path))
+    missing = tmp_path / "typo" / "none.sqlite"
+    argv = [str(path) if a == "MODEL" else a for a in command] + ["--store", str(missing)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--store {missing}" in err and "no results store" in err and len(err.strip().splitlines()) == 1
+    assert not missing.exists() and not missing.parent.exists()
 
 
 def test_bench_reuses_the_store_and_measures_only_new_bricks(tmp_path):
@@ -201,7 +220,7 @@ def test_evaluate_two_light_models_end_to_end(tmp_path):
             seq = m["per_g"][G]["sequential"]
             assert seq["ci_low_s"] <= seq["latency_s"] <= seq["ci_high_s"]
             assert seq["normalized"] == pytest.approx(seq["latency_s"] / m["e2e_s"])
-    json.dumps(result)  # JSON-ready
+    json.dumps(result.to_dict())  # JSON-ready
 
 
 def test_evaluate_cli_json_has_the_documented_keys(tmp_path, capsys):

@@ -413,7 +413,7 @@ def test_resnet50_corrected_layer_times_reconcile_with_model_latency():
 
 def test_cli_json_and_text(tiny_path, capsys, tmp_path):
     trace_path = tmp_path / "trace.json"
-    assert main(["profile", tiny_path, "--levels", "model,layer", "--runs", "2", "--json", "-o", str(trace_path)]) == 0
+    assert main(["profile", tiny_path, "--levels", "model,layer", "--runs", "2", "--json", "--trace", str(trace_path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["schema_version"] == 1 and out["levels"] == ["model", "layer"] and out["hw_level"] is None
     assert validate_chrome_trace(json.loads(trace_path.read_text())) == []

@@ -387,7 +387,7 @@ def test_cli_end_to_end_on_squeezenet(tmp_path, capsys):
     common = [str(light("squeezenet")), "--store", str(store), "--peaks", str(peaks_file), "--no-pin"]
     short = ["--min-time", "0.01", "--max-time", "0.05", "--warmup-time", "0", "--min-iters", "5"]
     plot = tmp_path / "roofline.png"
-    assert main(["roofline", *common, *short, "--json", "-o", str(plot), "--top", "5"]) == 0
+    assert main(["roofline", *common, *short, "--json", "--plot", str(plot), "--top", "5"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["schema_version"] == 1 and {"context", "peaks", "models", "headroom", "beats_bound"} <= set(d)
     assert plot.read_bytes().startswith(b"\x89PNG")

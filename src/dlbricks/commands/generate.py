@@ -12,7 +12,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="write each unique brick as a standalone ONNX model + manifest.json")
     add_model_args(p)
     p.add_argument("-G", type=positive_int, required=True, help="granularity (layers per brick, at most)")
-    p.add_argument("-o", "--output-dir", dest="output_dir", required=True, metavar="DIR", help="folder for the bricks")
+    p.add_argument("-o", "--output", "--output-dir", dest="output_dir", required=True, metavar="DIR",
+                   help="folder for the bricks (the command's output)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
     p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
     p.add_argument("--opt-level", choices=["default", "basic", "extended", "all"], default="default")

@@ -3,7 +3,7 @@
 Levels ``model`` (end-to-end latency, profiling off), ``layer`` (onnxruntime's
 profiler, joined to layers and corrected for its own overhead) and ``hw``
 (per-layer perf counters on each layer's brick, in a worker process). The text
-summary (or ``--json``) goes to stdout, the Chrome/Perfetto trace to ``-o``,
+summary (or ``--json``) goes to stdout (or ``-o FILE``), the Chrome/Perfetto trace to ``--trace``,
 OpenTelemetry spans to ``--otel-file`` and/or ``--otlp-endpoint``.
 """
 
@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from dlbricks.commands._common import parse_input_shapes, positive_int
+from dlbricks.commands._common import emit, parse_input_shapes, positive_int
 from dlbricks.errors import UsageError
 from dlbricks.files import write_atomically
 
@@ -32,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--levels", default="model,layer,hw", metavar="LIST", help="levels to measure: model,layer,hw (default: all)"
     )
-    p.add_argument("-o", "--output", dest="trace", metavar="TRACE.json", help="write a Chrome/Perfetto trace here")
+    p.add_argument("--trace", metavar="TRACE.json", help="write a Chrome/Perfetto trace here")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the summary (text, or JSON with --json) to FILE")
     p.add_argument("--otlp-endpoint", metavar="URL", help="export OpenTelemetry spans over OTLP/HTTP to URL")
     p.add_argument("--otel-file", metavar="FILE", help="append OpenTelemetry spans to FILE as JSON lines")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text summary")
@@ -93,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if args.otel_file:
         print(f"dlbricks profile: appended OpenTelemetry spans to {args.otel_file}", file=sys.stderr)
     if args.json:
-        sys.stdout.write(json.dumps(to_jsonable(result), indent=1) + "\n")
+        emit(args, None, to_jsonable(result))
     else:
-        sys.stdout.write(render_profile(result, top=args.top))
+        emit(args, render_profile(result, top=args.top), None)
     return 0
 

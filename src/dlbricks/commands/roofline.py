@@ -11,11 +11,14 @@ from pathlib import Path
 
 from dlbricks.commands._common import (
     add_model_args,
+    add_output_args,
     add_runner_args,
     add_store_arg,
+    emit,
     load_models,
     parse_g_list,
     positive_int,
+    require_store,
     runner_config,
     warn,
 )
@@ -35,8 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_model_args(p)
     add_store_arg(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("-o", "--plot", metavar="PNG", help="draw the roofline plot to this PNG file")
+    add_output_args(p)
+    p.add_argument("--plot", metavar="PNG", help="draw the roofline plot to this PNG file")
     p.add_argument("--no-plot", action="store_true", help="do not embed the plot in --json output")
     p.add_argument("--no-measure", action="store_true", help="never benchmark bricks or models: use only what the store has (peaks are "
                         "still measured once when none are cached)")
@@ -86,15 +89,19 @@ def run(args: argparse.Namespace) -> int:
     config_key = config.key()
     progress = sys.stderr.isatty()
 
+    # The peaks file first: its errors name the option, whatever the store.
+    given_peaks = _load_peaks(args.peaks) if args.peaks else None
     store: Store | None
+    if args.no_measure and args.store is not None and not store_path.exists():
+        require_store(args.store)  # a --store that is not there: the user's error, as for every reader
     if args.no_measure and not store_path.exists():
         warn(f"no store at {store_path}: bounds only, nothing measured")
         store = None
     else:
         store = Store(store_path, readonly=args.no_measure)
     try:
-        if args.peaks:
-            peaks = _load_peaks(args.peaks)
+        if given_peaks is not None:
+            peaks = given_peaks
             peaks_source = str(args.peaks)
         else:
             try:
@@ -143,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         }
         obj = rl.to_dict(analysis, headroom=headroom, brick_headroom_by_g=bricks,
                          png=None if args.no_plot else png, context=context)
-        sys.stdout.write(json.dumps(obj, indent=1) + "\n")
+        emit(args, None, obj)
     else:
-        sys.stdout.write(rl.format_text(analysis, headroom, bricks))
+        emit(args, rl.format_text(analysis, headroom, bricks), None)
     return 0

@@ -9,6 +9,7 @@ subgraph a value depends on, reading initializers from the proto, from the model
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -62,6 +63,44 @@ def type_folded_value(node: onnx.NodeProto, t: TensorType) -> np.ndarray:
             end = a.i
     # Python slicing clamps out-of-range and negative bounds exactly as Shape-15 does.
     return np.array(t.shape[start:end], dtype=np.int64)
+
+
+def _failing_node(exc: BaseException) -> onnx.NodeProto | None:
+    """The node whose reference kernel raised ``exc``: the innermost ``OpRun`` on its traceback."""
+    import traceback
+
+    from onnx.reference.op_run import OpRun
+
+    found = None
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, OpRun):
+            found = getattr(obj, "onnx_node", None)
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _fixed_reference_ops() -> list[type]:
+    """Kernels that replace onnx.reference's where it computes wrong or fails on valid input.
+
+    GatherElements: onnx's uses ``np.choose``, which takes at most 32 (older numpy) or 64
+    choices, and its fallback for 2-D tensors is correct only for ``axis=0``. Position
+    ids exported by transformers (a ``[1, 512]`` buffer gathered along axis 1) hit it.
+    """
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        op_domain = ""
+
+        def _run(self, data, indices, axis=None):  # type: ignore[override]
+            axis = 0 if axis is None else int(axis)
+            if axis < 0:
+                axis += data.ndim
+            idx = indices.astype(np.int64, copy=False)
+            idx = np.where(idx < 0, idx + data.shape[axis], idx)
+            return (np.take_along_axis(data, idx, axis=axis),)
+
+    return [GatherElements]
 
 
 class ConstantStore:
@@ -157,10 +196,21 @@ class ConstantStore:
             graph, opset_imports=list(self.proto.opset_import), ir_version=self.proto.ir_version
         )
         try:
-            results = ReferenceEvaluator(model).run(wanted, feeds)
+            # ONNX arithmetic is IEEE: log(0) is -inf, a NaN cast is whatever it is (relative
+            # position buckets take the log of 0 and mask it away). numpy's warnings about
+            # it are noise to the user.
+            with np.errstate(all="ignore"):
+                results = ReferenceEvaluator(model, new_ops=_fixed_reference_ops()).run(wanted, feeds)
         except Exception as exc:
+            # All wanted values are computed in one run: name the node that failed, the
+            # wanted value alone would point at an innocent consumer.
+            culprit = _failing_node(exc)
+            where = ""
+            if culprit is not None:
+                named = f"node {culprit.name!r} " if culprit.name else ""
+                where = f" ({named}({culprit.op_type}) failed)"
             raise ModelError(
-                one_line(f"{self.label}: cannot compute constant {wanted[0]!r}: {type(exc).__name__}: {exc}")
+                one_line(f"{self.label}: cannot compute constant {wanted[0]!r}{where}: {type(exc).__name__}: {exc}")
             ) from None
         out = {}
         for t, v in zip(wanted, results):

@@ -100,14 +100,20 @@ def load_corpus(
     *,
     strict: bool = False,
     on_warning: Callable[[str], None] | None = None,
+    shapes_for: Callable[[Path], dict[str, tuple[int, ...]] | None] | None = None,
 ) -> LoadedCorpus:
     """Load every ONNX model under ``paths``; a bad model is recorded and skipped.
 
     Args:
         paths: files or folders (searched recursively for ``*.onnx``).
-        input_shapes: concrete shapes for symbolic graph inputs, by input name.
+        input_shapes: concrete shapes for symbolic graph inputs, by input name, the
+            same for every model (a name that is not an input of a model is an error
+            for that model).
         strict: re-raise the first bad model's error instead of skipping it.
         on_warning: called with each loader warning as one line (default: collected).
+        shapes_for: each model file's own input shapes instead
+            (:class:`dlbricks.commands._shapes.ShapePlan`: ``--dim``, ``--input-shapes``);
+            ``input_shapes`` is then ignored.
 
     Returns:
         the models, the errors and the warnings.
@@ -122,9 +128,15 @@ def load_corpus(
     start = time.perf_counter()
     # One recording context for the whole corpus (entering one per model cost more than
     # loading a small model's statistics), drained after each model.
+    if shapes_for is not None:
+        # One file at a time, each with its own overrides (given shapes keep a model
+        # off the fast path anyway, so nothing is lost by not batching).
+        stream = (r for f in files for r in iter_load([f], shapes_for(f), on_fallback=fallbacks.append))
+    else:
+        stream = iter_load(files, input_shapes, on_fallback=fallbacks.append)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for f, model, error in iter_load(files, input_shapes, on_fallback=fallbacks.append):
+        for f, model, error in stream:
             if error is not None:
                 if strict:
                     raise error
@@ -201,12 +213,14 @@ def render_analysis(result: dict, errors: Sequence[dict[str, str]] = ()) -> str:
     names = c["jaccard"]["names"]
     if len(names) > 1:
         jt = Table(title="Jaccard similarity of layer sets", title_justify="left")
-        jt.add_column("")
-        short = [n[:10] for n in names]
-        for s in short:
-            jt.add_column(s, justify="right")
-        for n, row in zip(short, c["jaccard"]["matrix"]):
-            jt.add_row(n, *[f"{v:.2f}" for v in row])
+        # Columns are numbered, rows carry the whole name: names of a model zoo differ in
+        # their ends (a/model, b/model), which a cut would lose.
+        jt.add_column("#", justify="right")
+        jt.add_column("model")
+        for i in range(len(names)):
+            jt.add_column(str(i + 1), justify="right")
+        for i, (n, row) in enumerate(zip(names, c["jaccard"]["matrix"])):
+            jt.add_row(str(i + 1), n, *[f"{v:.2f}" for v in row])
         console.print(jt)
     for e in errors:
         console.print(f"skipped {e['path']}: {e['error']}", markup=False)

@@ -16,6 +16,7 @@ from dlbricks.files import write_atomically
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Sequence
 
+    from dlbricks.commands._shapes import ShapePlan
     from dlbricks.quality import Assessment
     from dlbricks.store import Store
     from dlbricks.timing.config import RunnerConfig
@@ -31,9 +32,36 @@ def add_model_args(p: argparse.ArgumentParser, *, nargs: str = "+") -> None:
         action="append",
         default=[],
         metavar="NAME=DIMS",
-        help="concrete shape for a graph input, e.g. data=1x3x224x224 (repeatable)",
+        help="the shape of the graph input NAME in every model that has one, e.g. data=1x3x224x224 (repeatable)",
     )
+    p.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="a named free dimension in every model's inputs, e.g. batch=1 or sequence=128 (repeatable); "
+             "bricks and end-to-end runs see the same shapes",
+    )
+    p.add_argument("--input-shapes", metavar="FILE",
+                   help="per-model input shapes: a JSON or TOML mapping from a model path or glob to "
+                        "{input: dims}, e.g. {\"zoo/bert/*.onnx\": {\"input_ids\": \"1x128\"}}")
     p.add_argument("--strict", action="store_true", help="a bad model is fatal instead of skipped")
+
+
+def shape_plan(args: argparse.Namespace) -> ShapePlan | None:
+    """Each model's input overrides from --dim, --input-shape and --input-shapes
+    (:mod:`dlbricks.commands._shapes`), or None when none is given.
+
+    Raises:
+        UsageError: a malformed option or shapes file (naming it).
+    """
+    from dlbricks.analysis import print_err
+    from dlbricks.commands._shapes import ShapePlan, parse_dims, read_shapes_file
+
+    file = getattr(args, "input_shapes", None)
+    plan = ShapePlan(parse_input_shapes(getattr(args, "input_shape", [])), parse_dims(getattr(args, "dim", [])),
+                     read_shapes_file(file) if file else (), file=file, on_warning=print_err)
+    return None if plan.empty else plan
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -57,24 +85,31 @@ def add_remeasure_arg(p: argparse.ArgumentParser) -> None:
                         "wider than --precision")
 
 
+def ray_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
+    """The one shape mapping a Ray load takes: --input-shape only.
+
+    Raises:
+        UsageError: --dim or --input-shapes, which Ray's loader does not resolve per model yet.
+    """
+    if getattr(args, "dim", None) or getattr(args, "input_shapes", None):
+        raise UsageError("--dim and --input-shapes do not apply with --ray yet: use --input-shape")
+    return parse_input_shapes(args.input_shape)
+
+
 def parse_input_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     """Parse repeated ``NAME=1x3x224x224`` options.
 
     Raises:
         UsageError: a malformed item.
     """
+    from dlbricks.commands._shapes import parse_shape
+
     shapes: dict[str, tuple[int, ...]] = {}
     for item in items:
         name, sep, dims = item.rpartition("=")
         if not sep or not name:
             raise UsageError(f"--input-shape {item!r}: expected NAME=DIMS, e.g. data=1x3x224x224")
-        try:
-            shape = tuple(int(d) for d in dims.lower().replace(",", "x").split("x") if d != "")
-        except ValueError:
-            raise UsageError(f"--input-shape {item!r}: dimensions must be integers separated by 'x'") from None
-        if any(d < 0 for d in shape):
-            raise UsageError(f"--input-shape {item!r}: dimensions must be >= 0")
-        shapes[name] = shape
+        shapes[name] = parse_shape(dims, f"--input-shape {item!r}")
     return shapes
 
 
@@ -320,8 +355,10 @@ def load_models_and_sources(args: argparse.Namespace, config: RunnerConfig | Non
     """
     from dlbricks.analysis import load_corpus, print_err
 
-    shapes = parse_input_shapes(args.input_shape)
-    loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
+    plan = shape_plan(args)
+    loaded = load_corpus(args.paths, strict=args.strict, on_warning=print_err, shapes_for=plan)
+    if plan is not None:
+        plan.report_unused()
     for e in loaded.errors:
         print_err(f"skipped {e['error']}")
     sources = loaded.models
@@ -329,9 +366,10 @@ def load_models_and_sources(args: argparse.Namespace, config: RunnerConfig | Non
     if getattr(args, "runtime_graph", False):
         from dlbricks.loading.runtime_graph import runtime_models
 
-        models = runtime_models(
-            sources, config=config, level=getattr(args, "opt_level", "default"), input_shapes=shapes
-        )
+        level = getattr(args, "opt_level", "default")
+        # One model at a time: each is optimised at its own input shapes.
+        models = [m for s in sources for m in runtime_models(
+            [s], config=config, level=level, input_shapes=plan.for_file(s.path) if plan and s.path else None)]
     return models, sources
 
 

@@ -9,7 +9,8 @@ from dlbricks.commands._common import (
     add_output_args,
     emit,
     parse_g_list,
-    parse_input_shapes,
+    ray_shapes,
+    shape_plan,
     tune_allocator_for_loading,
 )
 
@@ -30,15 +31,17 @@ def run(args: argparse.Namespace) -> int:
     from dlbricks.analysis import analyze, load_corpus, print_err, print_info, render_analysis
 
     Gs = parse_g_list(args.G)
-    shapes = parse_input_shapes(args.input_shape)
+    plan = shape_plan(args)
     tune_allocator_for_loading()
     if args.ray:
         from dlbricks.distributed import connect, load_corpus_ray
 
         with connect(args.ray):
-            loaded = load_corpus_ray(args.paths, shapes, strict=args.strict, on_warning=print_err)
+            loaded = load_corpus_ray(args.paths, ray_shapes(args), strict=args.strict, on_warning=print_err)
     else:
-        loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
+        loaded = load_corpus(args.paths, strict=args.strict, on_warning=print_err, shapes_for=plan)
+        if plan is not None:
+            plan.report_unused()
     for e in loaded.errors:
         print_err(f"skipped {e['error']}")
     if args.verbose:

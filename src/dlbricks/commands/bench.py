@@ -24,7 +24,7 @@ from dlbricks.commands._common import (
     load_models_and_sources,
     open_store,
     parse_g_list,
-    parse_input_shapes,
+    ray_shapes,
     positive_int,
     runner_config,
     warn,
@@ -155,7 +155,7 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> i
         if not sep or not key:
             raise UsageError(f"--ray-label {item!r}: expected KEY=VALUE")
         labels[key] = value
-    shapes = parse_input_shapes(args.input_shape)
+    shapes = ray_shapes(args)
     with connect(args.ray), open_store(args) as store:
         loaded = load_corpus_ray(args.paths, shapes, strict=args.strict, on_warning=print_err)
         for e in loaded.errors:

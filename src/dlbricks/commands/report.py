@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlbricks.commands._common import add_model_args, add_store_arg, parse_g_list, parse_input_shapes, require_store
+from dlbricks.commands._common import add_model_args, add_store_arg, parse_g_list, require_store, shape_plan
 from dlbricks.errors import UsageError
 
 
@@ -93,8 +93,8 @@ def _from_models(args: argparse.Namespace, analysis: dict | None, evaluation: di
     """Load the PATHs: the analysis (when not given) and the models the evaluation decomposed."""
     from dlbricks.analysis import analyze, load_corpus, print_err
 
-    shapes = parse_input_shapes(args.input_shape)
-    loaded = load_corpus(args.paths, shapes, strict=args.strict, on_warning=print_err)
+    plan = shape_plan(args)
+    loaded = load_corpus(args.paths, strict=args.strict, on_warning=print_err, shapes_for=plan)
     for e in loaded.errors:
         print_err(f"skipped {e['error']}")
     if analysis is None:
@@ -110,5 +110,6 @@ def _from_models(args: argparse.Namespace, analysis: dict | None, evaluation: di
         # The evaluation's configuration, without its cores: they may not exist here,
         # and pinning does not change the optimised graph.
         config = RunnerConfig.from_dict({**(evaluation.get("config") or {}), "cores": None})
-        models = runtime_models(models, config=config, input_shapes=shapes)
+        models = [r for m in models for r in runtime_models(
+            [m], config=config, input_shapes=plan.for_file(m.path) if plan and m.path else None)]
     return analysis, models

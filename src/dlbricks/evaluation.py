@@ -127,7 +127,7 @@ class Evaluation(Mapping[str, Any]):
 
     @property
     def per_g(self) -> list[GAccuracy]:
-        names = GAccuracy.__slots__  # type: ignore[attr-defined]
+        names = GAccuracy.__slots__
         return [GAccuracy(**{k: g.get(k, math.nan) for k in names}) for g in self._data.get("per_g", [])]
 
     def accuracy(self, G: int) -> GAccuracy:

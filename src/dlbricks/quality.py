@@ -91,7 +91,7 @@ class Contributor:
     stop_reason: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        return {k: getattr(self, k) for k in self.__slots__}
 
 
 @dataclass(slots=True)
@@ -182,7 +182,7 @@ class Assessment:
             return []
         out = []
         if self.unconverged:
-            kinds = {}
+            kinds: dict[str, int] = {}
             for kind, _ in self.unconverged:
                 kinds[kind] = kinds.get(kind, 0) + 1
             what = " and ".join(f"{n} {k} result(s)" for k, n in sorted(kinds.items()))
@@ -287,7 +287,7 @@ def assess(
             occ = sp.occurrences()
             labels: dict[int, str] = {}
 
-            def label(u: int) -> str:
+            def label(u: int, labels: dict[int, str] = labels, sp: Any = sp) -> str:  # binds this G's split
                 if u not in labels:
                     m, members = sp.first_occurrence(u)
                     if m not in kinds:

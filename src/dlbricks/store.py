@@ -783,7 +783,8 @@ class Store:
             meta = b.get("meta") or {}
             source = meta.get("source_model")
             ops = b.get("op_types")
-            out[("brick", d)] = {"model": source, "model_path": meta.get("source_path") or paths.get(source),
+            known = paths.get(source) if source is not None else None
+            out[("brick", d)] = {"model": source, "model_path": meta.get("source_path") or known,
                                  "op_types": ops, "layers": meta.get("layers", len(ops) if ops else None),
                                  "G": b.get("g"), "shapes": b.get("shapes")}
         return out

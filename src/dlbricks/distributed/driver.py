@@ -17,7 +17,6 @@ from dlbricks.distributed.sketches import ModelSketch
 from dlbricks.errors import DlbricksError, UsageError
 from dlbricks.pipeline import BenchSummary
 
-
 #: The most items one agent measures per call.
 BATCH = 16
 

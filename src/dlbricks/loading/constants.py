@@ -92,7 +92,7 @@ def _fixed_reference_ops() -> list[type]:
     class GatherElements(OpRun):
         op_domain = ""
 
-        def _run(self, data, indices, axis=None):  # type: ignore[override]
+        def _run(self, data, indices, axis=None):
             axis = 0 if axis is None else int(axis)
             if axis < 0:
                 axis += data.ndim

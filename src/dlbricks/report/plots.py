@@ -16,6 +16,7 @@ from dlbricks.report.markup import esc, finite
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
+    from matplotlib.typing import RcKeyType
 
 __all__ = ["bar_height", "error_bars", "figure", "label", "log_if_spread", "new_figure", "png", "rows_axis",
            "style", "svg", "time_scale"]
@@ -24,7 +25,7 @@ __all__ = ["bar_height", "error_bars", "figure", "label", "log_if_spread", "new_
 _DPI = 100
 # Fonts sized for a figure shown 800 px wide; SVG text as text (no glyph paths), with
 # a fixed hash salt so the same report renders byte for byte the same.
-_STYLE = {"font.size": 11.0, "axes.titlesize": 12.0, "axes.labelsize": 11.0, "xtick.labelsize": 10.0,
+_STYLE: dict[RcKeyType, Any] = {"font.size": 11.0, "axes.titlesize": 12.0, "axes.labelsize": 11.0, "xtick.labelsize": 10.0,
           "ytick.labelsize": 10.0, "legend.fontsize": 10.0, "svg.fonttype": "none", "svg.hashsalt": "dlbricks"}
 
 

@@ -30,7 +30,6 @@ from dlbricks.report.plots import (
     rows_axis,
     time_scale,
 )
-
 from dlbricks.report.summary import flag_cell
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -267,9 +266,9 @@ def _system_section(ctx: Context) -> str:
     elif ctx.store is not None:
         configs += [("Runner settings recorded with the first result under key", k, c)
                     for k, c in ctx.store.configs().items()]
-    for title, key, cfg in configs:
+    for title, key, settings in configs:
         parts.append(f'<div><h3>{esc(title)} <code>{esc(key)}</code></h3>'
-                     f'{kv_table([(k, kv_value(v, "none")) for k, v in flatten(cfg)], (), f"config-{key}")}</div>')
+                     f'{kv_table([(k, kv_value(v, "none")) for k, v in flatten(settings)], (), f"config-{key}")}</div>')
     if not configs:
         notes.append("No runner settings: pass an evaluation or the results store.")
     intro = ("Fields in bold identify the system: results are only reused between systems that agree on them."

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,11 +94,11 @@ def read_shapes_file(path: str) -> list[tuple[str, dict[str, Shape]]]:
         raise UsageError(f"{flag}: {exc.strerror or exc}") from None
     doc: Any
     if path.lower().endswith(".toml"):
-        try:
+        if sys.version_info >= (3, 11):
             import tomllib
-        except ImportError:  # Python 3.10
+        else:  # Python 3.10
             try:
-                import tomli as tomllib  # type: ignore[no-redef]
+                import tomli as tomllib
             except ImportError:
                 raise UsageError(f"{flag}: TOML needs Python 3.11 or `pip install tomli`; or write it as JSON") from None
         try:
@@ -232,17 +233,17 @@ class ShapePlan:
                     break
             if shape:
                 out[name] = tuple(shape)
-        for name, shape in self.shapes.items():
+        for name, given in self.shapes.items():
             if name in inputs:
-                out[name] = shape
+                out[name] = given
             else:
                 self._warn(f"{path}: has no input '{name}' (its inputs: {listed}); --input-shape {name}=... "
                            "does not apply to it")
         for pat, m in mine:
             self.patterns_used.add(pat)
-            for name, shape in m.items():
+            for name, entry in m.items():
                 if name in inputs:
-                    out[name] = shape
+                    out[name] = entry
                 else:
                     self._warn(f"{path}: has no input '{name}' (its inputs: {listed}); --input-shapes {self.file} "
                                f"entry {pat!r} does not apply to it")

@@ -191,7 +191,9 @@ def generate_brick(
                 if name in seen_constants:
                     continue
                 seen_constants.add(name)
-                if const.role == "param":
+                if const.role == "param" or const.value is not None:
+                    # A weight with its value: a QDQ scale or zero point (onnxruntime's
+                    # fusions compare them, so they are the source's).
                     assert const.value is not None
                     value = np.asarray(const.value)
                 elif weights == "source":
@@ -275,7 +277,7 @@ def generate_brick(
     if sink is not None:
         sink.close()
     hex_digest = digest if isinstance(digest, str) else bytes(digest).hex()
-    nodes = [_copy_node(layer) for layer in layers]
+    nodes = _brick_nodes(layers)
     graph = helper.make_graph(nodes, f"brick_{hex_digest[:12]}", graph_inputs, graph_outputs, initializers)
     opsets = [helper.make_opsetid(domain, version) for domain, version in sorted(model.opset_imports.items())]
     proto = helper.make_model(graph, opset_imports=opsets, producer_name="dlbricks")
@@ -347,6 +349,32 @@ def _copy_node(layer: Layer) -> onnx.NodeProto:
     if not node.name:
         node.name = layer.name
     return node
+
+
+def _brick_nodes(layers: Sequence[Layer]) -> list[onnx.NodeProto]:
+    """The layers' nodes in order: a QDQ group's members (loading.qdq), each other
+    layer's node. A DQ shared by groups (or also a layer of its own) appears once."""
+    nodes: list[onnx.NodeProto] = []
+    emitted: set[tuple[str, ...]] = set()
+    for layer in layers:
+        members = getattr(layer, "members", ())
+        if not members:
+            key = tuple(layer.node.output)
+            if key not in emitted:
+                emitted.add(key)
+                nodes.append(_copy_node(layer))
+            continue
+        for k, member in enumerate(members):
+            key = tuple(member.output)
+            if key in emitted:
+                continue
+            emitted.add(key)
+            node = onnx.NodeProto()
+            node.CopyFrom(member)
+            if not node.name:
+                node.name = f"{layer.name}/{member.op_type}_{k}"
+            nodes.append(node)
+    return nodes
 
 
 def _type_of(vi: onnx.ValueInfoProto) -> TensorType:

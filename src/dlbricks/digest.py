@@ -31,6 +31,7 @@ __all__ = [
     "constant_role",
     "layer_canonical_bytes",
     "layer_digest",
+    "qdq_group_digest",
 ]
 
 LAYER_MAGIC = b"DLBRICKS-LAYER\x00"
@@ -700,3 +701,36 @@ def layer_digest_fields(
         raw_domain, op_type, attrs, node_name, ins, outs, input_types, output_types, constants, op_version, outer_types
     )
     return hashlib.blake2b(data, digest_size=16).digest()
+
+
+QDQ_GROUP_MAGIC = b"DLBRICKS-QDQGRP\x00"
+
+
+def qdq_group_digest(
+    core: bytes, input_dqs: Sequence[bytes | None], output_qs: Sequence[bytes | None]
+) -> bytes:
+    """The digest of a QDQ group layer (:mod:`dlbricks.loading.qdq`) from its members' digests.
+
+    Canonical form: :data:`QDQ_GROUP_MAGIC`, the op's 16-byte digest, then u32 count and,
+    per input slot of the op, ``0x00`` or ``0x01`` + the digest of the DequantizeLinear
+    feeding it, then the same for output slots and their QuantizeLinear. Member digests
+    are layer digests whose DQ/Q constants (quantized weights, scales, zero points) are
+    weights: identity by dtype and shape, never by value. A new magic, so no digest of a
+    plain layer can equal a group's.
+
+    Args:
+        core: the op's layer digest (its inputs typed as the DQs' float outputs).
+        input_dqs: per input slot of the op, its DQ's layer digest or None.
+        output_qs: per output slot of the op, its Q's layer digest or None.
+
+    Returns:
+        16 bytes.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(QDQ_GROUP_MAGIC)
+    h.update(bytes(core))
+    for members in (input_dqs, output_qs):
+        h.update(struct.pack("<I", len(members)))
+        for d in members:
+            h.update(b"\x00" if d is None else b"\x01" + bytes(d))
+    return h.digest()

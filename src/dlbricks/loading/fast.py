@@ -299,6 +299,9 @@ def _prepare_steps(
     if default_opset is None:
         return FastPathFallback(label, "no default-domain opset import")
     op_names = [op for _, op in scan.op_keys]  # every op is in the default domain on this path
+    if "DequantizeLinear" in op_names:
+        # The scanner would fold DQ(int8 weight) to a float weight and time Q, DQ and op apart.
+        return FastPathFallback(label, "a quantized (QDQ) model: the full loader makes its QDQ groups")
     versions = _since_versions(tuple(op_names), default_opset)
     if versions is None:
         return FastPathFallback(label, f"an op onnx does not know at opset {default_opset}")

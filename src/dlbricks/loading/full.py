@@ -18,6 +18,7 @@ split into modules, each step would reach into another's state.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import warnings
@@ -29,11 +30,12 @@ import onnx
 from onnx import TensorProto
 
 from dlbricks import _core
-from dlbricks.digest import constant_role, layer_digest_fields
+from dlbricks.digest import constant_role, layer_digest_fields, qdq_group_digest
 from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.loading.constants import ConstantStore, constant_node_type, type_folded_value
 from dlbricks.loading.messages import DlbricksWarning, batch_dim_note, one_line
 from dlbricks.loading.names import has_subgraphs, norm_domain, outer_names
+from dlbricks.loading.qdq import QUANTIZED_ELEM_TYPES, Group, QdqLayer, is_qdq_op, plan_groups
 from dlbricks.loading.sizes import INLINE_BYTES, MAX_ELEMENTS, elem_type_of, itemsize, numel
 from dlbricks.loading.wire import read_proto
 from dlbricks.model import ConstInput, Layer, Model, TensorType, unique_layer_name
@@ -610,8 +612,14 @@ class _Loader:
                 if t and t not in const:
                     break
             else:
+                if ops[i] == "DequantizeLinear" and doms[i] == "" and self._quantized_constant(ins[0]):
+                    continue  # quantized weights stay quantized (see loading.qdq)
                 kind[i] = "const"
                 const.update(o for o in outs if o)
+
+    def _quantized_constant(self, name: str) -> bool:
+        rt = self._raw_type(name) if name else None
+        return rt is not None and rt[0] in QUANTIZED_ELEM_TYPES
 
     def _unresolved_layer_tensor(self) -> bool:
         const, used, concrete, all_ins, all_outs = self.const, self.used, self._concrete, self.ins, self.outs
@@ -687,8 +695,32 @@ class _Loader:
         ops, doms, all_ins, all_outs = self.ops, self.doms, self.ins, self.outs
         roles: dict[tuple[str, int, int, tuple[int, ...]], Literal["weight", "param"]] = {}
 
+        # QDQ groups (loading.qdq): a group's inputs and outputs are its boundary's. The
+        # constants a DQ or Q reads are weights whatever their size (an INT32 bias of 64
+        # channels, a scalar scale: identity by type), and scales and zero points keep
+        # their values for bricks, as onnxruntime's fusions read them.
+        groups: dict[int, Group] = {}
+        layer_ins: dict[int, tuple[str, ...]] = {}
+        layer_outs: dict[int, tuple[str, ...]] = {}
+        as_weight: dict[int, set[int]] = {}
+        keep_value: dict[int, set[int]] = {}
+        if "DequantizeLinear" in ops or "QuantizeLinear" in ops:
+            groups, absorbed = self._qdq_groups(layer_ids)
+            layer_ids = [i for i in layer_ids if i not in absorbed]
+            for i, g in groups.items():
+                layer_ins[i], layer_outs[i], as_weight[i], keep_value[i] = g.boundary(all_ins, all_outs)
+            for i in layer_ids:
+                if is_qdq_op(ops[i], doms[i]):
+                    as_weight[i] = set(range(len(all_ins[i])))
+                    keep_value[i] = set(range(1, len(all_ins[i])))
+
+        def ins_of(i: int) -> tuple[str, ...]:
+            return layer_ins.get(i) or all_ins[i]
+
         # Constants feeding layers: types, and values for params (one evaluation).
         def role_of(i: int, slot: int, ct: TensorType) -> Literal["weight", "param"]:
+            if i in as_weight and slot in as_weight[i]:
+                return "weight"
             op = ops[i] if doms[i] == "" else ""
             key = (op, slot, ct.elem_type, ct.shape)
             role = roles.get(key)
@@ -697,9 +729,15 @@ class _Loader:
             return role
 
         const = self.const
-        uses = [(i, slot, t) for i in layer_ids for slot, t in enumerate(all_ins[i]) if t in const]
+        uses = [(i, slot, t) for i in layer_ids for slot, t in enumerate(ins_of(i)) if t in const]
         need_value = sorted(
-            {t for i, slot, t in uses if (ct := self._concrete(t)) is None or role_of(i, slot, ct) == "param"}
+            {
+                t
+                for i, slot, t in uses
+                if (ct := self._concrete(t)) is None
+                or role_of(i, slot, ct) == "param"
+                or (i in keep_value and slot in keep_value[i])
+            }
         )
         values = self.store.values(need_value) if need_value else {}
         for t in values:  # their types may have been unknown before evaluation
@@ -732,7 +770,8 @@ class _Loader:
             node_name = node.name
             op_type = ops[i]
             name = unique_layer_name(node_name, op_type, idx, seen_names)
-            ins, outs = all_ins[i], all_outs[i]
+            ins, outs = ins_of(i), layer_outs.get(i) or all_outs[i]
+            kept = keep_value.get(i, ())
             in_types: list[TensorType | None] = []
             consts: dict[int, ConstInput] = {}
             for slot, t in enumerate(ins):
@@ -741,7 +780,7 @@ class _Loader:
                 elif t in const_types:
                     ct = const_types[t]
                     role = role_of(i, slot, ct)
-                    consts[slot] = ConstInput(t, ct, role, values[t] if role == "param" else None)
+                    consts[slot] = ConstInput(t, ct, role, values[t] if role == "param" or slot in kept else None)
                     in_types.append(ct)
                 else:
                     tt = act_types.get(t)
@@ -778,21 +817,47 @@ class _Loader:
                     if tt is not None:
                         outer[t] = tt
             domain = node.domain
-            digest = layer_digest_fields(
-                domain,
-                op_type,
-                node.attribute,
-                node_name,
-                ins,
-                outs,
-                in_types,
-                out_types,
-                consts,
-                self.op_version[i],
-                outer,
+            group = groups.get(i)
+            if group is None:
+                digest = layer_digest_fields(
+                    domain,
+                    op_type,
+                    node.attribute,
+                    node_name,
+                    ins,
+                    outs,
+                    in_types,
+                    out_types,
+                    consts,
+                    self.op_version[i],
+                    outer,
+                )
+                layers.append(
+                    Layer(
+                        index=idx,
+                        name=name,
+                        op_type=op_type,
+                        domain=domain,
+                        node=node,
+                        inputs=ins,
+                        outputs=outs,
+                        input_types=tuple(in_types),
+                        output_types=tuple(out_types),
+                        constants=consts,
+                        digest=digest,
+                    )
+                )
+                continue
+            # The group's digest covers each member as a layer of its own would be.
+            core_consts = {s: c for s, c in consts.items() if s < len(all_ins[i]) and s not in group.in_dq}
+            member = functools.partial(self._member_digest, const_types=const_types, act_types=act_types)
+            digest = qdq_group_digest(
+                member(i, core_consts),
+                [None if (d := group.in_dq.get(s)) is None else member(d) for s in range(len(all_ins[i]))],
+                [None if (q := group.out_q.get(o)) is None else member(q) for o in range(len(all_outs[i]))],
             )
             layers.append(
-                Layer(
+                QdqLayer(
                     index=idx,
                     name=name,
                     op_type=op_type,
@@ -804,6 +869,7 @@ class _Loader:
                     output_types=tuple(out_types),
                     constants=consts,
                     digest=digest,
+                    members=tuple(self.nodes[j] for j in group.member_ids()),
                 )
             )
 
@@ -838,6 +904,40 @@ class _Loader:
             constant_types=constant_types,
             _materialize=self.store.value,
         )
+
+    def _qdq_groups(self, layer_ids: list[int]) -> tuple[dict[int, Group], set[int]]:
+        readers: dict[str, list[tuple[int, int]]] = {}
+        for i in layer_ids:
+            for s, t in enumerate(self.ins[i]):
+                if t:
+                    readers.setdefault(t, []).append((i, s))
+            for t in self.implicit[i]:
+                readers.setdefault(t, []).append((i, -1))
+        graph_outputs = {vi.name for vi in self.g.output}
+        return plan_groups(
+            layer_ids, self.ops, self.doms, self.ins, self.outs, readers, self.producer, graph_outputs, self.opaque
+        )
+
+    def _member_digest(
+        self,
+        j: int,
+        consts: dict[int, ConstInput] | None = None,
+        *,
+        const_types: Mapping[str, TensorType],
+        act_types: Mapping[str, TensorType],
+    ) -> bytes:
+        """Node ``j``'s layer digest as a member of a QDQ group: its own inputs and
+        outputs; a DQ's or Q's constants (``consts`` None) are weights."""
+        ins, outs = self.ins[j], self.outs[j]
+        if consts is None:
+            consts = {s: ConstInput(t, const_types[t], "weight") for s, t in enumerate(ins) if t in const_types}
+        in_types: list[TensorType | None] = []
+        for t in ins:
+            in_types.append(None if not t else const_types.get(t) or act_types.get(t) or self._require(t))
+        out_types = [None if not t else self._concrete(t) or self._require(t) for t in outs]
+        node = self.nodes[j]
+        fields = (node.domain, self.ops[j], node.attribute, node.name, ins, outs, in_types, out_types, consts)
+        return layer_digest_fields(*fields, self.op_version[j], None)
 
     def _require(self, name: str) -> TensorType:
         """The concrete type of ``name``, or a ModelError saying why there is none."""

@@ -264,3 +264,36 @@ def test_evaluate_to_dataframe_has_a_row_per_model_g_and_mode(zoo, tmp_path):
         df = evaluate(models, [1], store=st, config=_config(), measure_missing=False, n_boot=50).to_dataframe()
     assert isinstance(df, pd.DataFrame) and len(df) == 4
     assert set(df["mode"]) == {"sequential", "parallel"} and set(df["model"]) == {"chain", "diamond"}
+
+
+def test_results_from_before_the_engine_are_judged_with_their_drift(zoo, tmp_path):
+    from dataclasses import replace
+
+    from dlbricks.quality import assess, result_se_ns
+    from test_pipeline import fake_measurement
+
+    chain = load(zoo[0])
+    sp = Corpus([chain]).split(1)
+    sid = fingerprint_id(system_fingerprint())
+    config = _config()
+
+    def store(drift: float) -> Store:
+        st = Store(tmp_path / f"legacy-{drift}.sqlite")
+        st.put_system(system_fingerprint())
+        st.put_config(config)
+        for u in range(sp.n_unique):
+            # One contiguous run each (rounds 0): a +/-0.5% interval of its iterations...
+            m = fake_measurement(np.full(101, 10_000, dtype=np.int64))
+            m.stats = replace(m.stats, ci_low=9_950.0, ci_high=10_050.0, drift=drift)
+            st.put_result("brick", bytes(sp.unique_digests[u]).hex(), brick_digest_version(), sid, config, m)
+        return st
+
+    with store(0.0) as st:
+        rec = next(st.results(with_times=False))
+        assert result_se_ns(rec) == (pytest.approx(50 / 1.96, rel=1e-3), math.inf)
+        assert not assess([chain], [1], store=st, system_id=sid, config_key=config.key(), precision=0.02).flagged
+    # ...that the blocks of the run drifted 40% apart: not a 95% interval of anything.
+    with store(0.4) as st:
+        check = assess([chain], [1], store=st, system_id=sid, config_key=config.key(), precision=0.02)
+        (flagged,) = check.flagged
+        assert flagged.model == "chain" and flagged.rel_halfwidth > 0.02 and not check.unconverged

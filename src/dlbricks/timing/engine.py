@@ -45,6 +45,7 @@ from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.timing.stats import summarize
+from dlbricks.timing.workers import describe_exit
 
 __all__ = ["EngineItem", "EngineSummary", "Group", "WorkerDied", "measure", "t_quantile"]
 
@@ -191,7 +192,7 @@ class _Worker:
             slot = self.beacon()
             code = self.proc.wait(5.0)
             self.kill()
-            raise WorkerDied(slot, "crash", f"crashed while {doing} ({_describe_exit(code)})") from None
+            raise WorkerDied(slot, "crash", f"crashed while {doing} ({describe_exit(code)})") from None
 
     def send(self, msg: Any) -> None:
         try:
@@ -220,19 +221,6 @@ class _Worker:
         except subprocess.TimeoutExpired:
             pass
         self.kill()
-
-
-def _describe_exit(code: int | None) -> str:
-    import signal
-
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 # --------------------------------------------------------------------------- state

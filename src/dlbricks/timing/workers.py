@@ -148,7 +148,7 @@ def start_worker(
         tag, payload = parent.recv()
     except (EOFError, OSError):
         abandon()
-        raise DlbricksError(f"{what} died while starting ({_describe_exit(proc.exitcode)})") from None
+        raise DlbricksError(f"{what} died while starting ({describe_exit(proc.exitcode)})") from None
     if tag != "ready":  # pragma: no cover - protocol error
         abandon()
         raise DlbricksError(f"{what} sent {tag!r} instead of 'ready'")
@@ -286,7 +286,7 @@ def run_with_restart(
     return starts
 
 
-def _describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
     if code < 0:
@@ -339,7 +339,7 @@ def run_isolated(
             result = Failure(f"{job.path}: timed out after {limit:g} s", "timeout", None, reply.wall_s)
         elif reply.lost == "crash":
             code = reply.exitcode
-            result = Failure(f"{job.path}: worker crashed ({_describe_exit(code)})", "crash", code, reply.wall_s)
+            result = Failure(f"{job.path}: worker crashed ({describe_exit(code)})", "crash", code, reply.wall_s)
         else:
             result = Measurement.from_dict(reply.payload) if reply.tag == "ok" else Failure.from_dict(reply.payload)
         if isinstance(result, Measurement):

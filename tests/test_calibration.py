@@ -71,3 +71,32 @@ def test_evaluate_counts_the_calibrated_cost_once_per_model(tmp_path):
         corrected = with_c["models"][0]["per_g"]["1"]["sequential"]["latency_s"]
         assert plain == pytest.approx(sum(medians) * 1e-9)
         assert corrected == pytest.approx((sum(max(m - c, 0) for m in medians) + c) * 1e-9)
+
+
+def test_evaluate_leaves_out_a_model_whose_end_to_end_run_fails_and_says_why(tmp_path, monkeypatch):
+    from onnx import TensorProto, helper
+
+    import dlbricks.bricks as bricks
+    from dlbricks.errors import DlbricksError
+    from dlbricks.loading import load
+    from dlbricks.pipeline import evaluate
+
+    def tiny(name, ops):
+        nodes = [helper.make_node(op, [f"t{i}"], [f"t{i + 1}"]) for i, op in enumerate(ops)]
+        g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info(f"t{len(ops)}", TensorProto.FLOAT, [1, 32])])
+        return load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), name=name)
+
+    good, bad = tiny("good", ["Relu", "Tanh"]), tiny("bad", ["Sigmoid", "Abs"])
+    real = bricks.whole_model
+
+    def whole_model(model, **kw):
+        if model.name == "bad":
+            raise DlbricksError("bad: cannot build the whole model (test)")
+        return real(model, **kw)
+
+    monkeypatch.setattr(bricks, "whole_model", whole_model)
+    with Store(tmp_path / "s.sqlite") as st:
+        result = evaluate([good, bad], [1], store=st, config=CFG, n_boot=20)
+    assert [m["name"] for m in result["models"]] == ["good"]
+    assert result["excluded"][0]["name"] == "bad" and "test" in result["excluded"][0]["error"]

@@ -234,7 +234,8 @@ def evaluate(
 
     Raises:
         DlbricksError: ``e2e_models`` does not pair with ``models``; a result is missing
-            without ``measure_missing``.
+            without ``measure_missing``; no model could be measured end to end. (A model
+            whose end-to-end run fails is left out and listed under ``excluded``.)
     """
     from dlbricks.bricks import model_digest
     from dlbricks.pipeline import bench
@@ -274,7 +275,24 @@ def evaluate(
         if rec is None or not rec.ok:
             missing_models.append(name)
         e2e.append(rec)  # type: ignore[arg-type]  # None only when reported just below
-    if missing_models:
+    excluded: list[dict[str, Any]] = []
+    if missing_models and measure_missing:
+        # Measured just now and failed (its failure is stored, with the reason): the
+        # other models are still evaluated, and this one is reported as left out.
+        keep = [i for i, rec in enumerate(e2e) if rec is not None and rec.ok]
+        for i, rec in enumerate(e2e):
+            if rec is None or not rec.ok:
+                excluded.append({"name": names[i], "path": paths[i],
+                                 "error": (rec.error if rec is not None else None) or "no end-to-end result"})
+        if not keep:
+            raise DlbricksError(f"no model could be measured end to end ({excluded[0]['name']}: {excluded[0]['error']})")
+        models = [models[i] for i in keep]
+        sources = [sources[i] for i in keep]
+        names = [names[i] for i in keep]
+        paths = [paths[i] for i in keep]
+        e2e = [e2e[i] for i in keep]
+        corpus = Corpus(models)
+    elif missing_models:
         raise DlbricksError(
             f"no end-to-end result for {len(missing_models)} model(s) ({', '.join(missing_models[:5])}); "
             "run `dlbricks bench --e2e` first or drop --no-measure"
@@ -384,6 +402,7 @@ def evaluate(
         "bricks": bricks_out,
         "precision_check": check.to_dict(),
         "reuse": reuse,
+        "excluded": excluded,
     }, check)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Mapping
 
+from dlbricks.analysis import print_err
 from dlbricks.commands._common import (
     add_bricks_dir_arg,
     add_model_args,
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     result["store"] = str(store.path)
     if evaluation.check is not None:
         print_check(evaluation.check)
+    for e in result.get("excluded", []):
+        print_err(f"left out {e['name']}: its end-to-end run failed ({e['error']})")
     if args.save:
         write_atomically(args.save, json.dumps(result, indent=1) + "\n")
     emit(args, render_evaluation(result), result)

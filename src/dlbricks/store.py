@@ -2,8 +2,9 @@
 
 A result is keyed by (kind, digest, digest_version, system id, config key): the same
 brick timed on another machine, or with other threads, is another result. Each
-result is committed as soon as it is put, so a run that dies loses at most the
-timing in flight, and a rerun only measures what is :meth:`Store.missing`.
+result is committed as soon as it is put, and the measurement engine checkpoints the
+rounds of results not yet final (``partials``), so a run that dies loses at most the
+rounds since its last checkpoint, and a rerun only measures what is :meth:`Store.missing`.
 
 The file is recognised by its SQLite ``application_id``; ``user_version`` holds the
 schema version, upgraded by the :data:`MIGRATIONS` list. A file that is not a
@@ -13,6 +14,10 @@ it is inspected through a read-only connection first.
 Concurrency: WAL journal (readers never block the writer), ``BEGIN IMMEDIATE``
 transactions and a busy timeout, so several processes can write one store and
 nothing is lost.
+
+One module on purpose (over the usual ~800 lines): the schema, its migrations and every
+statement that reads or writes it, exports included, stay in one file, so that one place
+says what the SQL is and a schema change cannot miss a query.
 """
 
 from __future__ import annotations

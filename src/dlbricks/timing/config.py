@@ -22,6 +22,7 @@ _IDENTITY_FIELDS = (
     "cores",
     "denormals_as_zero",
     "cache_state",
+    "thread_spinning",
 )
 #: What a timed run finds in the caches (see RunnerConfig.cache_state).
 CACHE_STATES = ("warm", "cold")
@@ -79,6 +80,11 @@ class RunnerConfig:
             would bias bricks against whole models); valid only when the kernels run on
             the calling thread (one intra-op thread, sequential). ``"wall"``: elapsed
             time. ``"auto"`` (default): thread when valid, else wall. Part of the key.
+        thread_spinning: let onnxruntime's pool threads spin-wait for work after a
+            parallel section (its default). Off by default with more than one intra-op
+            thread: the measurement engine holds many sessions, each with its own pool,
+            and a pool thread spinning after its run takes the core from the next
+            session's run. Part of the key.
         call_overhead: reconstruction counts one call's fixed cost once per model, not
             once per brick: it is calibrated on this machine by two probe models
             measured with the bricks (:mod:`dlbricks.timing.calibration`), subtracted
@@ -106,6 +112,7 @@ class RunnerConfig:
     memory_budget_mb: int = 0
     call_overhead: bool = True
     clock: str = "auto"
+    thread_spinning: bool = False
 
     def __post_init__(self) -> None:
         if self.cores is not None:

@@ -69,6 +69,11 @@ def session_options(cfg: RunnerConfig) -> onnxruntime.SessionOptions:
         so.add_session_config_entry("session.set_denormal_as_zero", "1")
     if cfg.cores is not None and cfg.intra_op_threads > 1:
         so.add_session_config_entry("session.intra_op_thread_affinities", _affinity_string(cfg.cores, cfg.intra_op_threads))
+    if cfg.intra_op_threads != 1 and not cfg.thread_spinning:
+        # Every session has its own pool; the engine holds many, and a pool thread that
+        # spins after its run would take the core from the next session's run.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return so
 
 

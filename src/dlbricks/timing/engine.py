@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import statistics
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -130,6 +133,9 @@ def t_quantile(df: float, level: float = _LEVEL) -> float:
 # --------------------------------------------------------------------------- workers
 
 
+_CLOSE = object()  # tells a worker's sender thread to end
+
+
 class WorkerDied(Exception):
     """A worker died or hung; ``slot`` is the session it was running (-1: none)."""
 
@@ -159,6 +165,11 @@ class _Worker:
         os.close(to_parent_w)
         self.tx = Connection(to_child_w, readable=False)
         self.rx = Connection(to_parent_r, writable=False)
+        # Requests go out through a thread: a large model blocks the pipe until the
+        # worker reads it, and the parent meanwhile generates the next brick.
+        self._outbox: queue.Queue[Any] = queue.Queue()
+        self._sender = threading.Thread(target=self._send_loop, name="dlbricks-engine-send", daemon=True)
+        self._sender.start()
         self.slots: dict[int, str] = {}  # beacon slot -> item id
         self.next_slot = 0
         self.rss = 0
@@ -195,14 +206,23 @@ class _Worker:
             raise WorkerDied(slot, "crash", f"crashed while {doing} ({describe_exit(code)})") from None
 
     def send(self, msg: Any) -> None:
-        try:
-            self.tx.send(msg)
-        except (OSError, EOFError):
-            pass  # the worker is gone: the reply reports it
+        self._outbox.put(msg)
+
+    def _send_loop(self) -> None:
+        while True:
+            msg = self._outbox.get()
+            if msg is _CLOSE:
+                return
+            try:
+                self.tx.send(msg)
+            except (OSError, EOFError, ValueError):
+                pass  # the worker is gone (or the pipe closed): the reply reports it
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
+        self._outbox.put(_CLOSE)
+        self._sender.join(5.0)
         try:
             self.proc.wait(5.0)
         except subprocess.TimeoutExpired:  # pragma: no cover
@@ -237,28 +257,39 @@ class _Track:
     setup_s: float = 0.0
     open: bool = False
     final: bool = False
+    _cache: tuple[tuple[int, int], tuple[float, float]] | None = field(default=None, repr=False)
 
     @property
     def median(self) -> float:
         """The latency estimate (ns): the median of the per-round medians, so that
         every round weighs the same for every item whatever its burst lengths, and a
         slow phase of the machine shifts bricks and models alike."""
-        if self.round_medians:
-            return float(np.median(self.round_medians))
-        return float(self.info.get("run_s", 1e-6)) * 1e9
+        return self._estimate()[0]
 
     def se(self) -> float:
         """Standard error of the latency estimate (ns), from the spread between rounds."""
-        m = self.median
+        return self._estimate()[1]
+
+    def _estimate(self) -> tuple[float, float]:
+        # Read for every group each round: computed once per change of the rounds.
+        key = (len(self.round_medians), len(self.times))
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
         r = len(self.round_medians)
+        if r:
+            m = statistics.median(self.round_medians)
+        else:
+            m = float(self.info.get("run_s", 1e-6)) * 1e9
         if r < 3:
-            return _PRIOR_CV * m / math.sqrt(max(1, len(self.times)))
-        # A robust spread (MAD, scaled to a normal sd) so that one round hit by an
-        # interrupt does not widen the interval; 1.2533 is the median's efficiency
-        # factor (its standard error over the mean's for normal data).
-        meds = np.asarray(self.round_medians)
-        sd = 1.4826 * float(np.median(np.abs(meds - np.median(meds))))
-        return max(1.2533 * sd / math.sqrt(r), 1e-4 * m)
+            se = _PRIOR_CV * m / math.sqrt(max(1, len(self.times)))
+        else:
+            # A robust spread (MAD, scaled to a normal sd) so that one round hit by an
+            # interrupt does not widen the interval; 1.2533 is the median's efficiency
+            # factor (its standard error over the mean's for normal data).
+            sd = 1.4826 * statistics.median(abs(x - m) for x in self.round_medians)
+            se = max(1.2533 * sd / math.sqrt(r), 1e-4 * m)
+        self._cache = (key, (float(m), float(se)))
+        return self._cache[1]
 
     def df(self) -> float:
         return max(1, len(self.round_medians) - 1)

@@ -213,18 +213,22 @@ def _matmul_model(n: int, name: str) -> bytes:
 
 @pytest.mark.parametrize("cache_state", ["warm", "cold"])
 def test_real_workers_measure_sessions_from_bytes(cache_state):
-    items = [EngineItem(f"mm{n}", _matmul_model(n, f"mm{n}"), label=f"mm{n}") for n in (64, 256)]
+    # 512x512 floats (1 MiB) go to the worker through a spool file, the others through the pipe.
+    items = [EngineItem(f"mm{n}", _matmul_model(n, f"mm{n}"), label=f"mm{n}") for n in (64, 256, 512)]
     items.append(EngineItem("broken", b"not an onnx model", label="broken"))
     results: dict[str, object] = {}
     summary = measure(items, [Group("m", {"mm64": 1.0, "mm256": 1.0})], RunnerConfig(cache_state=cache_state),
                       on_result=lambda it, r: results.__setitem__(it.id, r))
     assert isinstance(results["broken"], Failure) and "broken" in results["broken"].error
-    for n in (64, 256):
+    for n in (64, 256, 512):
         m = results[f"mm{n}"]
         assert isinstance(m, Measurement), m
         assert m.rounds >= 5 and m.stats.median > 0 and m.wall_time_s > 0
-    assert results["mm256"].stats.median > results["mm64"].stats.median
-    assert summary.measured == 2 and summary.failed == 1
+    assert results["mm512"].stats.median > results["mm256"].stats.median > results["mm64"].stats.median
+    assert summary.measured == 3 and summary.failed == 1
+    import glob
+
+    assert not glob.glob("/dev/shm/dlbricks-model-*")  # spool files are removed
 
 
 def test_a_worker_killed_between_rounds_is_replaced_and_its_sessions_reopened():

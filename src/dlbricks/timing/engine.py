@@ -134,6 +134,13 @@ def t_quantile(df: float, level: float = _LEVEL) -> float:
 
 
 _CLOSE = object()  # tells a worker's sender thread to end
+#: Serialized models larger than this go to the worker through a file (see _Worker.send).
+_SPOOL_BYTES = 256 << 10
+
+
+def _spool_dir() -> str | None:
+    # tmpfs when there is one: the file is a copy in memory, never on disk.
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class WorkerDied(Exception):
@@ -173,6 +180,7 @@ class _Worker:
         self.slots: dict[int, str] = {}  # beacon slot -> item id
         self.next_slot = 0
         self.rss = 0
+        self.spooled: list[str] = []  # files of large models handed over (removed by the worker)
         try:
             self.tx.send(("config", config.to_dict()))
             self.reply(start_timeout_s, "starting")
@@ -206,6 +214,14 @@ class _Worker:
             raise WorkerDied(slot, "crash", f"crashed while {doing} ({describe_exit(code)})") from None
 
     def send(self, msg: Any) -> None:
+        if msg and msg[0] == "open" and isinstance(msg[2], bytes) and len(msg[2]) > _SPOOL_BYTES:
+            # A large model goes through a file: one write here, one read there, instead
+            # of a pipe the parent's generating thread must keep feeding 64 KiB at a time.
+            fd, path = tempfile.mkstemp(prefix="dlbricks-model-", suffix=".onnx", dir=_spool_dir())
+            with os.fdopen(fd, "wb") as f:
+                f.write(msg[2])
+            self.spooled.append(path)
+            msg = msg[:2] + (("spool", path),) + msg[3:]
         self._outbox.put(msg)
 
     def _send_loop(self) -> None:
@@ -229,6 +245,11 @@ class _Worker:
             pass
         for c in (self.tx, self.rx):
             c.close()
+        for path in self.spooled:  # those a dead worker did not get to
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         try:
             os.unlink(self._beacon_path)
         except OSError:

@@ -653,18 +653,25 @@ class Store:
         wanted = list(dict.fromkeys(_hex(d) for d in digests))
         cols = _RECORD_COLUMNS if with_times else _RECORD_COLUMNS.replace("times,", "NULL,")
         out: dict[str, ResultRecord] = {}
-        for i in range(0, len(wanted), _CHUNK):
-            chunk = wanted[i : i + _CHUNK]
+        for row in self._rows_for_digests(cols, "", kind, wanted, digest_version, system_id, config_key):
+            rec = _record(row)
+            out[rec.digest] = rec
+        return out
+
+    def _rows_for_digests(
+        self, cols: str, where: str, kind: str, digests: Sequence[str], digest_version: int, system_id: str,
+        config_key: str,
+    ) -> Iterator[Sequence[Any]]:
+        """Rows of ``results`` for many digests under one key, ``_CHUNK`` digests a query
+        (SQLite bounds the parameters of one statement); ``where`` adds a condition."""
+        for i in range(0, len(digests), _CHUNK):
+            chunk = digests[i : i + _CHUNK]
             marks = ",".join("?" * len(chunk))
-            rows = self._con.execute(
+            yield from self._con.execute(
                 f"SELECT {cols} FROM results WHERE kind = ? AND digest_version = ? AND system_id = ? "
-                f"AND config_key = ? AND digest IN ({marks})",
+                f"AND config_key = ?{where} AND digest IN ({marks})",
                 (kind, int(digest_version), system_id, config_key, *chunk),
             ).fetchall()
-            for row in rows:
-                rec = _record(row)
-                out[rec.digest] = rec
-        return out
 
     def missing(
         self,
@@ -682,17 +689,9 @@ class Store:
             retry_failed: also return digests whose stored result is a failure.
         """
         wanted = list(dict.fromkeys(_hex(d) for d in digests))
-        have: set[str] = set()
         status_clause = " AND status = 'ok'" if retry_failed else ""
-        for i in range(0, len(wanted), _CHUNK):
-            chunk = wanted[i : i + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            rows = self._con.execute(
-                f"SELECT digest FROM results WHERE kind = ? AND digest_version = ? AND system_id = ? "
-                f"AND config_key = ?{status_clause} AND digest IN ({marks})",
-                (kind, int(digest_version), system_id, config_key, *chunk),
-            )
-            have.update(r[0] for r in rows)
+        have = {r[0] for r in self._rows_for_digests("digest", status_clause, kind, wanted, digest_version,
+                                                      system_id, config_key)}
         return [d for d in wanted if d not in have]
 
     def results(

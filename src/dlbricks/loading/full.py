@@ -818,6 +818,8 @@ class _Loader:
                         outer[t] = tt
             domain = node.domain
             group = groups.get(i)
+            common = dict(index=idx, name=name, op_type=op_type, domain=domain, node=node, inputs=ins, outputs=outs,
+                          input_types=tuple(in_types), output_types=tuple(out_types), constants=consts)
             if group is None:
                 digest = layer_digest_fields(
                     domain,
@@ -832,21 +834,7 @@ class _Loader:
                     self.op_version[i],
                     outer,
                 )
-                layers.append(
-                    Layer(
-                        index=idx,
-                        name=name,
-                        op_type=op_type,
-                        domain=domain,
-                        node=node,
-                        inputs=ins,
-                        outputs=outs,
-                        input_types=tuple(in_types),
-                        output_types=tuple(out_types),
-                        constants=consts,
-                        digest=digest,
-                    )
-                )
+                layers.append(Layer(**common, digest=digest))
                 continue
             # The group's digest covers each member as a layer of its own would be.
             core_consts = {s: c for s, c in consts.items() if s < len(all_ins[i]) and s not in group.in_dq}
@@ -856,22 +844,7 @@ class _Loader:
                 [None if (d := group.in_dq.get(s)) is None else member(d) for s in range(len(all_ins[i]))],
                 [None if (q := group.out_q.get(o)) is None else member(q) for o in range(len(all_outs[i]))],
             )
-            layers.append(
-                QdqLayer(
-                    index=idx,
-                    name=name,
-                    op_type=op_type,
-                    domain=domain,
-                    node=node,
-                    inputs=ins,
-                    outputs=outs,
-                    input_types=tuple(in_types),
-                    output_types=tuple(out_types),
-                    constants=consts,
-                    digest=digest,
-                    members=tuple(self.nodes[j] for j in group.member_ids()),
-                )
-            )
+            layers.append(QdqLayer(**common, digest=digest, members=tuple(self.nodes[j] for j in group.member_ids())))
 
         outputs = []
         for vi in self.g.output:

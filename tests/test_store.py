@@ -453,3 +453,32 @@ def test_partial_rounds_are_kept_until_the_final_result_replaces_them(tmp_path):
         assert st.get_partials("model", 1, sid, key) == {}
         st.put_result("brick", "aa" * 16, 1, sid, key, _measurement())
         assert st.get_partials("brick", 1, sid, key) == {}
+
+
+def test_a_write_interrupted_inside_its_transaction_leaves_the_store_writable(tmp_path):
+    # Ctrl-C can land right after BEGIN, before the handler that would roll back: the
+    # next write must still work (it used to fail with "cannot start a transaction
+    # within a transaction"), and nothing of the interrupted write is committed.
+    with Store(tmp_path / "r.sqlite") as store:
+        store._con.execute("BEGIN IMMEDIATE")
+        store._con.execute(
+            "INSERT INTO configs (key, config, created_at) VALUES ('half', '{}', 'now')"
+        )
+        key = store.put_config(CFG)
+        rows = [r[0] for r in store._con.execute("SELECT key FROM configs")]
+    assert rows == [key]
+
+
+def test_an_interrupt_during_a_write_propagates_unmasked(tmp_path):
+    class Interrupting:  # parameters whose binding raises, as a signal mid-statement would
+        def __len__(self):
+            raise KeyboardInterrupt
+
+        def __getitem__(self, i):
+            raise KeyboardInterrupt
+
+    with Store(tmp_path / "r.sqlite") as store:
+        with pytest.raises(KeyboardInterrupt):
+            store._write([("INSERT INTO configs (key, config, created_at) VALUES (?, ?, ?)", Interrupting())])
+        assert not store._con.in_transaction
+        store.put_config(CFG)

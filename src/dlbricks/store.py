@@ -22,6 +22,7 @@ says what the SQL is and a schema change cannot miss a query.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -398,8 +399,7 @@ class Store:
     def _initialise(self) -> None:
         """Create or migrate the schema, atomically (one transaction)."""
         con = self._con
-        con.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             app_id = con.execute("PRAGMA application_id").fetchone()[0]
             version = con.execute("PRAGMA user_version").fetchone()[0]
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -413,10 +413,6 @@ class Store:
                 for stmt in _statements(MIGRATIONS[v]):
                     con.execute(stmt)
                 con.execute(f"PRAGMA user_version = {v + 1}")
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
 
     def close(self) -> None:
         """Close the connection (committed results are already on disk)."""
@@ -432,13 +428,28 @@ class Store:
         if self.readonly:
             raise StoreError(f"{self.path}: opened read-only")
         con = self._con
-        con.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             for sql, params in statements:
                 con.execute(sql, params)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any exception.
+
+        A KeyboardInterrupt can land between any two bytecodes, including right after
+        BEGIN or inside COMMIT; so a transaction left open by an earlier interrupted
+        write is rolled back first (nothing of it was committed), and the rollback here
+        runs only while one is open, never masking the interrupt with a second error."""
+        con = self._con
+        if con.in_transaction:
+            con.execute("ROLLBACK")
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            yield
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            if con.in_transaction:
+                con.execute("ROLLBACK")
             raise
 
     # ------------------------------------------------------------------ writing

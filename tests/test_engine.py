@@ -77,13 +77,13 @@ class SyntheticWorker:
         pass
 
 
-def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), **cfg):
+def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), references=(), **cfg):
     rng = np.random.default_rng(seed)
     counts: dict[str, int] = {}
     results: dict[str, Measurement | Failure] = {}
     config = RunnerConfig(**cfg)
     summary = measure(
-        [EngineItem(i, spec) for i, spec in specs.items()],
+        [EngineItem(i, spec, reference=i in references) for i, spec in specs.items()],
         [Group(name, terms) for name, terms in groups.items()],
         config,
         on_result=lambda it, r: results.__setitem__(it.id, r),
@@ -160,6 +160,39 @@ def test_drift_between_rounds_widens_the_interval():
     drifting, _, _ = run_synthetic(specs, {}, seed=0, min_rounds=8, max_rounds=8, speed=lambda r: 1.0 + 0.1 * (r % 2))
     assert drifting["b"].median_se_ns > 3 * calm["b"].median_se_ns
     assert drifting["b"].stats.drift > 0.05
+
+
+def test_a_reference_spans_the_rounds_of_what_it_is_compared_with():
+    # The model converges in a few rounds, its noisy bricks need many; the machine
+    # slows by 2x after round 6. Measured only until its own precision, the model
+    # would see the fast machine and its bricks mostly the slow one.
+    specs = {"b1": {"ns": 2e5, "cv": 0.3}, "b2": {"ns": 5e5, "cv": 0.3}, "model": {"ns": 7e5, "cv": 0.002}}
+    groups = {"recon": {"b1": 1.0, "b2": 1.0}, "e2e": {"model": 1.0}}
+
+    def run(references):
+        results, counts, _ = run_synthetic(specs, groups, speed=lambda r: 2.0 if r >= 6 else 1.0, seed=5,
+                                           precision=0.01, references=references)
+        ratio = (results["b1"].stats.median + results["b2"].stats.median) / results["model"].stats.median
+        return ratio, results
+
+    alone, solo = run(())
+    paired, pair = run(("model",))
+    assert solo["model"].rounds < solo["b1"].rounds  # the premise: it would stop early
+    assert alone > 1.5
+    assert paired == pytest.approx(1.0, abs=0.1)
+    assert pair["model"].rounds >= max(pair["b1"].rounds, pair["b2"].rounds)
+    # Its cost is what its own precision needed, not the rounds it kept up with the bricks.
+    assert pair["model"].sampling_time_s == pytest.approx(solo["model"].sampling_time_s, rel=0.01)
+
+
+def test_slow_phases_that_persist_over_rounds_widen_the_interval():
+    # The same share of slow rounds, alternating or in phases of six: only phases make
+    # a second run land elsewhere, so only they may widen the interval.
+    specs = {"b": {"ns": 1e5, "cv": 0.01}}
+    kw = {"min_rounds": 24, "max_rounds": 24}
+    alternating, _, _ = run_synthetic(specs, {}, seed=0, speed=lambda r: 1.1 if r % 2 else 1.0, **kw)
+    phases, _, _ = run_synthetic(specs, {}, seed=0, speed=lambda r: 1.1 if (r // 6) % 2 else 1.0, **kw)
+    assert phases["b"].median_se_ns > 1.5 * alternating["b"].median_se_ns
 
 
 def test_a_crashing_session_fails_alone_and_the_rest_are_measured():

@@ -47,7 +47,10 @@ def probe_items(seed: int = 0) -> list[EngineItem]:
     """The probes as measurement-engine items (ids ``probe:<length>``)."""
     from dlbricks.timing.engine import EngineItem
 
-    return [EngineItem(f"probe:{n}", probe_model(n), seed=seed, label=f"call-overhead probe ({n} nodes)")
+    # References: a probe measured only in its first few rounds would calibrate the
+    # machine of those rounds, not of the bricks' rounds.
+    return [EngineItem(f"probe:{n}", probe_model(n), seed=seed, label=f"call-overhead probe ({n} nodes)",
+                       reference=True)
             for n in PROBE_LENGTHS]
 
 

@@ -87,6 +87,11 @@ class EngineItem:
         label: how messages name it.
         resume: a checkpointed state of an earlier, interrupted run (see
             ``on_checkpoint`` of :func:`measure`): its rounds count as this run's.
+        reference: measured in every round for as long as any other item of its
+            batch is open, so that its estimate spans the same rounds, the same
+            states of the machine, as what it is compared with (whole models against
+            their bricks, the call-overhead probes against every brick). Its cost
+            (``sampling_time_s``) counts only the rounds it needed for its precision.
     """
 
     id: str
@@ -97,6 +102,7 @@ class EngineItem:
     prep_s: float = 0.0
     label: str = ""
     resume: Mapping[str, Any] | None = None
+    reference: bool = False
 
 
 @dataclass
@@ -278,6 +284,8 @@ class _Track:
     setup_s: float = 0.0
     open: bool = False
     final: bool = False
+    #: Sampling seconds when a reference item first reached its precision.
+    needed_s: float | None = None
     _cache: tuple[tuple[int, int], tuple[float, float]] | None = field(default=None, repr=False)
 
     @property
@@ -308,7 +316,7 @@ class _Track:
             # interrupt does not widen the interval; 1.2533 is the median's efficiency
             # factor (its standard error over the mean's for normal data).
             sd = 1.4826 * statistics.median(abs(x - m) for x in self.round_medians)
-            se = max(1.2533 * sd / math.sqrt(r), 1e-4 * m)
+            se = max(1.2533 * sd * _persistence(self.round_medians) / math.sqrt(r), 1e-4 * m)
         self._cache = (key, (float(m), float(se)))
         return self._cache[1]
 
@@ -322,14 +330,46 @@ class _Track:
             step = len(times) / _CHECKPOINT_TIMES
             times = [times[int(i * step)] for i in range(_CHECKPOINT_TIMES)]
         return {"round_medians": self.round_medians, "times": times, "sampling_s": self.sampling_s,
-                "setup_s": self.setup_s, "prep_s": self.item.prep_s}
+                "setup_s": self.setup_s, "prep_s": self.item.prep_s, "needed_s": self.needed_s}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.round_medians = [float(x) for x in state.get("round_medians", ())]
         self.times = [int(x) for x in state.get("times", ())]
         self.sampling_s = float(state.get("sampling_s", 0.0))
         self.setup_s = float(state.get("setup_s", 0.0))
+        needed = state.get("needed_s")
+        self.needed_s = None if needed is None else float(needed)
         self.item.prep_s += float(state.get("prep_s", 0.0))
+
+
+#: Rounds needed before their lag-1 correlation is estimated (fewer: taken as 0).
+_MIN_ROUNDS_FOR_PERSISTENCE = 6
+#: The largest lag-1 correlation believed (an inflation of sqrt(1.8 / 0.2) = 3).
+_MAX_PERSISTENCE = 0.8
+
+
+def _persistence(values: Sequence[float]) -> float:
+    """How much a standard error from ``values`` (a sequence in time) must grow when
+    consecutive values are correlated: sqrt((1 + rho) / (1 - rho)) for lag-1
+    correlation rho, the variance inflation of an AR(1) sequence's mean.
+
+    A slow phase of a shared host (a neighbour's job) lasts several rounds, so round
+    medians come in runs; treated as independent they give an interval that a second
+    run, in other phases, falls outside. rho is estimated on ranks, so that a single
+    outlying round does not make it, and clipped to [0, 0.8]."""
+    r = len(values)
+    if r < _MIN_ROUNDS_FOR_PERSISTENCE:
+        return 1.0
+    order = sorted(range(r), key=values.__getitem__)
+    ranks = [0.0] * r
+    for k, i in enumerate(order):
+        ranks[i] = float(k)
+    mean = (r - 1) / 2
+    dev = [x - mean for x in ranks]
+    den = sum(d * d for d in dev)
+    rho = sum(dev[i] * dev[i + 1] for i in range(r - 1)) / den if den > 0 else 0.0
+    rho = min(max(rho, 0.0), _MAX_PERSISTENCE)
+    return math.sqrt((1 + rho) / (1 - rho))
 
 
 def _group_state(
@@ -416,7 +456,8 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str) -> Measu
         warmup_iters=int(info.get("warmup_runs", 0)),
         stop_reason=stop_reason,
         setup_time_s=track.setup_s,
-        wall_time_s=track.setup_s + track.item.prep_s + track.sampling_s,
+        wall_time_s=track.setup_s + track.item.prep_s + (track.needed_s if track.needed_s is not None
+                                                         else track.sampling_s),
         denormal_input_fraction=den_in / n_in if n_in else 0.0,
         denormal_output_fraction=den_out / n_out if n_out else 0.0,
         denormal_fraction=(den_in + den_out) / (n_in + n_out) if (n_in + n_out) else 0.0,
@@ -425,7 +466,7 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str) -> Measu
         ort_version=ort.__version__,
         seed=track.item.seed,
         model=track.item.label or track.item.id,
-        sampling_time_s=track.sampling_s,
+        sampling_time_s=track.needed_s if track.needed_s is not None else track.sampling_s,
         io_binding=bool(info.get("io_binding", True)),
         rounds=r,
         round_medians_ns=[float(x) for x in meds],
@@ -650,11 +691,16 @@ class _Engine:
         cfg = self.config
         state = {id(g): _group_state(g, self.tracks, cfg.precision)[0] for g in self.groups}
         closing: dict[int, list[str]] = {}
+        others_open = any(t.open and not t.item.reference for t in self.tracks.values())
         for t in self.tracks.values():
             if not t.open:
                 continue
             enough = len(t.round_medians) >= cfg.min_rounds
             converged = enough and all(state[id(g)] for g in self.groups_of[t.item.id])
+            if t.item.reference and others_open and not force:
+                if converged and t.needed_s is None:
+                    t.needed_s = t.sampling_s
+                continue
             if converged or force:
                 t.open = False
                 t.final = True

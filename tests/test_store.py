@@ -363,6 +363,41 @@ def test_results_command_filters_by_model_file_with_occurrences_and_shapes(tmp_p
     assert "--model nothing" in capsys.readouterr().err
 
 
+def test_results_name_every_bricks_shapes_from_the_catalogue_without_model(tmp_path, capsys):
+    import onnx
+
+    from test_pipeline import chain_model, diamond_model
+    from dlbricks.loading import load
+    from dlbricks.pipeline import plan_work
+
+    a, b = tmp_path / "chain.onnx", tmp_path / "diamond.onnx"
+    onnx.save(chain_model(3), str(a))
+    onnx.save(diamond_model(), str(b))
+    store = tmp_path / "s.sqlite"
+    with Store(store) as st:
+        items = plan_work([load(a), load(b)], [1, 2], st)
+        for w in items:
+            st.put_result("brick", w.digest, w.version, SYSTEM, CFG, _measurement())
+        # Planned again from freshly loaded models: the catalogue keeps the shapes it
+        # has, and no fast-loaded model builds its layers for them.
+        again = [load(a), load(b)]
+        plan_work(again, [1, 2], st)
+        assert not any(m.layers.is_materialized for m in again)
+    assert main(["results", "--store", str(store), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert len(rows) == len(items) and all(r["shapes"] for r in rows)
+    by_ops = {r["op_types"]: json.loads(r["shapes"]) for r in rows}
+    assert by_ops["Relu+Sigmoid"] == [["float32[1x4x8x8]"], ["float32[1x4x8x8]"]]
+    assert by_ops["Conv"] == [["float32[1x4x8x8]", "float32[4x4x3x3]"]]  # activation, then weight
+    # The same shapes, in the same form, as the rows --model describes from the file.
+    assert main(["results", "--store", str(store), "--model", str(a), "--model", str(b), "-G", "1,2",
+                 "--format", "json"]) == 0
+    described = json.loads(capsys.readouterr().out)["results"]
+    assert {r["digest"]: r["shapes"] for r in described} == {r["digest"]: r["shapes"] for r in rows}
+    assert main(["results", "--store", str(store), "--format", "csv"]) == 0
+    assert all(r["shapes"] for r in csv.DictReader(io.StringIO(capsys.readouterr().out)))
+
+
 def test_export_rejects_unknown_formats(filled):
     with Store(filled) as st, pytest.raises(StoreError, match="format"):
         st.export("xlsx", io.StringIO())

@@ -91,6 +91,23 @@ class WorkItem:
     G: int
 
 
+def brick_shapes(model: ModelLike, members: Sequence[int] | np.ndarray) -> list[list[str | None]] | None:
+    """A brick's shapes as the catalogue and ``dlbricks results`` give them: per member
+    layer, its input types (``"float32[1x4x8x8]"``, None for an omitted optional input).
+
+    Reads the layers, so it builds a lazily loaded model's :class:`~dlbricks.model.Layer`
+    objects. None for a model without layer types (a Ray :class:`~dlbricks.distributed.ModelSketch`).
+    """
+    layers = model.layers
+    out: list[list[str | None]] = []
+    for i in members:
+        types = getattr(layers[int(i)], "input_types", None)
+        if types is None:
+            return None
+        out.append([None if t is None else str(t) for t in types])
+    return out
+
+
 def plan_work(
     models: Sequence[ModelLike],
     Gs: Sequence[int],
@@ -111,10 +128,14 @@ def plan_work(
         bver = brick_digest_version()
         catalogue = unique_bricks(models, Gs)
         # Kinds without building Layer objects: a fast-loaded model builds them only if
-        # one of its bricks has to be written.
+        # one of its bricks has to be written. Shapes need the layers, so they are read
+        # only for bricks the catalogue has none for: new bricks, which are about to be
+        # generated (and the layers built) anyway. A rerun builds nothing.
         kinds = {id(m): layer_kinds(m.layers) for m in models}
+        known = store.bricks_with_shapes(catalogue, bver)
         store.put_bricks(
             (d, bver, {"g": G, "op_types": [kinds[id(model)][i] for i in members],
+                       "shapes": None if d in known else brick_shapes(model, members),
                        "meta": {"source_model": model.name, "layers": len(members)}})
             for d, (model, members, G) in catalogue.items()
         )

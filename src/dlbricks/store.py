@@ -588,6 +588,15 @@ class Store:
         where fields may hold ``g``, ``op_types``, ``shapes`` and ``meta`` as in :meth:`put_brick`."""
         self._write([self._brick_statement(d, v, **f) for d, v, f in bricks])
 
+    def put_brick_shapes(self, shapes: Iterable[tuple[bytes | str, int, Any]]) -> None:
+        """Record the shapes of bricks already in the catalogue, in one transaction:
+        (digest, digest_version, shapes); a brick not in the catalogue is left out."""
+        self._write([
+            ("UPDATE bricks SET shapes = ? WHERE digest = ? AND digest_version = ?",
+             (json.dumps(s), _hex(d), int(v)))
+            for d, v, s in shapes if s is not None
+        ])
+
     def put_brick(
         self,
         digest: bytes | str,
@@ -598,7 +607,10 @@ class Store:
         shapes: Any = None,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record (or replace) a brick's metadata: G, op types, shapes (JSON-friendly)."""
+        """Record (or replace) a brick's metadata: G, op types, shapes (JSON-friendly).
+
+        ``shapes`` None keeps the shapes already recorded: a planner that cannot read
+        them cheaply (a model whose layers are not built) registers the brick without."""
         self._write([self._brick_statement(digest, digest_version, g=g, op_types=op_types, shapes=shapes, meta=meta)])
 
     @staticmethod
@@ -612,7 +624,9 @@ class Store:
         meta: Mapping[str, Any] | None = None,
     ) -> tuple[str, Sequence[Any]]:
         return (
-            "INSERT OR REPLACE INTO bricks (digest, digest_version, g, op_types, shapes, meta) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO bricks (digest, digest_version, g, op_types, shapes, meta) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (digest, digest_version) DO UPDATE SET g = excluded.g, op_types = excluded.op_types, "
+            "shapes = COALESCE(excluded.shapes, bricks.shapes), meta = excluded.meta",
             (
                 _hex(digest),
                 int(digest_version),
@@ -759,6 +773,17 @@ class Store:
                 "shapes": json.loads(shapes) if shapes else None,
                 "meta": json.loads(meta) if meta else None,
             }
+        return out
+
+    def bricks_with_shapes(self, digests: Iterable[bytes | str], digest_version: int) -> set[str]:
+        """The digests (hex) among ``digests`` whose catalogue entry has shapes."""
+        wanted = list(dict.fromkeys(_hex(d) for d in digests))
+        out: set[str] = set()
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i : i + _CHUNK]
+            out.update(r[0] for r in self._con.execute(
+                f"SELECT digest FROM bricks WHERE digest_version = ? AND shapes IS NOT NULL "
+                f"AND digest IN ({','.join('?' * len(chunk))})", (int(digest_version), *chunk)))
         return out
 
     def models(self) -> dict[tuple[str, int], dict[str, Any]]:

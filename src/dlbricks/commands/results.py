@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", choices=KINDS, help="only brick or only model results")
     p.add_argument("--model", action="append", default=[], metavar="NAME|PATH",
                    help="only the results of this model (repeatable): an ONNX file or folder, whose bricks then "
-                        "carry their occurrences and shapes, or the name of a model measured end to end")
+                        "carry their occurrences (and shapes the store lacks), or the name of a model measured end to end")
     p.add_argument("-G", metavar="LIST",
                    help="granularities to decompose --model files at (default: every G the store has bricks of)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
@@ -97,39 +97,45 @@ def _select_models(args: argparse.Namespace, store: Store) -> tuple[set[tuple[st
         for e in loaded.errors:
             print_err(f"skipped {e['error']}")
         Gs = parse_g_list(args.G) if args.G else sorted({int(b["g"]) for b in store.bricks().values() if b.get("g")})
-        _describe_models(loaded.models, Gs or [1], only, described)
+        _describe_models(loaded.models, Gs or [1], only, described, store)
     return only, described
 
 
-def _describe_models(models: list, Gs: list[int], only: set, described: dict) -> None:
+def _describe_models(models: list, Gs: list[int], only: set, described: dict, store: Store) -> None:
     """Every brick of ``models`` at each G and each whole model: selected, with the
-    models it occurs in, its occurrences over them and its layers' input shapes."""
+    models it occurs in and its occurrences over them; a brick's shapes where the
+    catalogue has none (reading them builds a fast-loaded model's layers)."""
     from dlbricks.bricks import model_digest
     from dlbricks.corpus import Corpus
+    from dlbricks.model import layer_kinds
+    from dlbricks.pipeline import brick_shapes
+    from dlbricks.versions import brick_digest_version
 
     for m in models:
         d = model_digest(m)
         only.add(("model", d))
         described[("model", d)] = {"model": m.name, "model_path": m.path, "layers": m.n_layers}
     corpus = Corpus(models)
+    kinds: dict[int, list[str]] = {}
     for G in Gs:
         sp = corpus.split(G)
         occ = sp.occurrences()
-        for u in range(sp.n_unique):
-            d = bytes(sp.unique_digests[u]).hex()
+        digests = [bytes(sp.unique_digests[u]).hex() for u in range(sp.n_unique)]
+        shaped = store.bricks_with_shapes(digests, brick_digest_version())
+        for u, d in enumerate(digests):
             if ("brick", d) in described:
                 continue
             m, members = sp.first_occurrence(u)
-            layers = models[m].layers
-            shapes = [[str(t) if t is not None else None for t in layers[int(i)].input_types] for i in members]
+            if m not in kinds:
+                kinds[m] = layer_kinds(models[m].layers)
             holders = [i for i in range(len(models)) if occ[i, u] > 0]
             only.add(("brick", d))
             described[("brick", d)] = {
                 "model": ";".join(models[i].name for i in holders),
                 "model_path": ";".join(str(models[i].path or "") for i in holders),
-                "op_types": [layers[int(i)].kind for i in members],
+                "op_types": [kinds[m][int(i)] for i in members],
                 "layers": len(members),
                 "G": G,
-                "shapes": shapes,
+                "shapes": None if d in shaped else brick_shapes(models[m], members),
                 "occurrences": int(occ[:, u].sum()),
             }

@@ -79,6 +79,7 @@ class TimingAgent:
         self.seed = seed
         self.workdir = Path(tempfile.mkdtemp(prefix="dlbricks-agent-"))
         self.models: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self.shapes: dict[str, Any] = {}  # item id -> the brick's shapes, read while generating it
 
     def info(self) -> dict[str, Any]:
         """This node: its fingerprint, Ray node id, host, pinned cores."""
@@ -116,6 +117,7 @@ class TimingAgent:
     def _source(self, item: dict[str, Any]) -> Any:
         """The engine's source callable for one payload: generates it on this node."""
         from dlbricks.bricks import generate_brick, model_digest, whole_model
+        from dlbricks.pipeline import brick_shapes
 
         def source() -> tuple[bytes | str, dict[str, int] | None]:
             kind, d = item["kind"], item["digest"]
@@ -127,6 +129,8 @@ class TimingAgent:
                     raise DlbricksError(f"{item['path']}: the model on this node differs from the driver's "
                                         "(layer digests)")
                 proto, info = generate_brick(model, members, seed=self.seed, digest=d, G=item["G"])
+                if item.get("shapes"):  # the driver's catalogue lacks them; the layers are built now
+                    self.shapes[f"{kind}:{d}"] = brick_shapes(model, members)
             else:
                 if model_digest(model) != d:
                     raise DlbricksError(f"{item['path']}: the model on this node differs from the driver's "
@@ -143,17 +147,20 @@ class TimingAgent:
 
         return source
 
-    def measure(self, items: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], float]]:
+    def measure(self, items: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], float, Any]]:
         """Generate and measure a batch of bricks or whole models, in the given order.
 
         Returns:
-            per item ("ok", measurement dict, generation seconds) or ("failed", failure dict, ...).
+            per item ("ok", measurement dict, generation seconds, shapes) or ("failed",
+            failure dict, ...); shapes (:func:`dlbricks.pipeline.brick_shapes`) for a
+            brick whose payload asks for them, else None.
         """
         from dlbricks.timing import Failure, Measurement
         from dlbricks.timing.engine import EngineItem, measure
 
         if self.setup_error is not None:
-            return [("failed", Failure(self.setup_error).to_dict(), 0.0) for _ in items]
+            return [("failed", Failure(self.setup_error).to_dict(), 0.0, None) for _ in items]
+        self.shapes.clear()
         engine_items = [
             EngineItem(f"{it['kind']}:{it['digest']}", self._source(it), seed=self.seed, warm=it["kind"] == "model",
                        label=f"{it['kind']} {it['digest'][:12]}")
@@ -163,14 +170,15 @@ class TimingAgent:
         try:
             measure(engine_items, [], self.config, on_result=lambda it, r: results.__setitem__(it.id, r))
         except DlbricksError as exc:  # the worker could not start: this batch fails, the next retries
-            return [("failed", Failure(f"timing worker failed: {exc}", "error").to_dict(), 0.0) for _ in items]
+            return [("failed", Failure(f"timing worker failed: {exc}", "error").to_dict(), 0.0, None) for _ in items]
         finally:
             for child in self.workdir.iterdir():
                 shutil.rmtree(child, ignore_errors=True)
         out = []
         for it in engine_items:
             r = results.get(it.id) or Failure(f"{it.label}: no result from the engine", "error")
-            out.append(("ok" if isinstance(r, Measurement) else "failed", r.to_dict(), it.prep_s))
+            out.append(("ok" if isinstance(r, Measurement) else "failed", r.to_dict(), it.prep_s,
+                        self.shapes.pop(it.id, None)))
         return out
 
     def close(self) -> None:

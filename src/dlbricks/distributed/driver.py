@@ -144,6 +144,10 @@ def bench_on_ray(
 
     # The work, independent of systems, and what each agent is sent for an item.
     work = plan_work(models, Gs, store, bricks=bricks, e2e=e2e)
+    # Sketches have no layer types: the catalogue gets a new brick's shapes from the
+    # agent that generates it.
+    bver = next((w.version for w in work if w.kind == "brick"), 0)
+    shaped = store.bricks_with_shapes([w.digest for w in work if w.kind == "brick"], bver)
     payloads: dict[tuple[str, str], dict[str, Any]] = {}
     for w in work:
         m = cast(ModelSketch, w.model)  # plan_work hands back the sketches it was given
@@ -154,6 +158,7 @@ def bench_on_ray(
         if w.members is not None:
             payload["members"] = [int(i) for i in w.members]
             payload["expect"] = np.ascontiguousarray(m.digests[w.members]).tobytes().hex()
+            payload["shapes"] = w.digest not in shaped
         payloads[(w.kind, w.digest)] = payload
     summary.bricks_total = sum(w.kind == "brick" for w in work)
     if e2e:
@@ -332,7 +337,12 @@ def bench_on_ray(
                         summary.systems[sid]["nodes"] += 1
                     else:
                         items, agent.items = agent.items, []
-                        for item, (status, payload, gen_s) in zip(items, value):
+                        read = [(item, v[3]) for item, v in zip(items, value) if v[3]]
+                        if read:
+                            store.put_brick_shapes((item.digest, item.version, shapes) for item, shapes in read)
+                            for item, _ in read:  # another system kind's agent need not read them again
+                                item.payload["shapes"] = False
+                        for item, (status, payload, gen_s, _) in zip(items, value):
                             summary.generate_s += gen_s
                             result = Measurement.from_dict(payload) if status == "ok" else Failure.from_dict(payload)
                             record(agent.system_id, item, result, agent)  # type: ignore[arg-type]

@@ -343,6 +343,48 @@ def test_bench_on_ray_matches_local_and_survives_a_node_loss(cluster, corpus, tm
     assert [n["lost"] for n in again["nodes"]] == [False]
 
 
+def test_bench_on_ray_checks_precision_and_remeasures_exactly_what_it_flags(cluster, tmp_path, capsys):
+    import onnx
+    from test_outputs import CLI, MEDIANS, fill
+    from test_pipeline import chain_model, diamond_model
+
+    from dlbricks.loading import load
+
+    zoo = [tmp_path / "chain.onnx", tmp_path / "diamond.onnx"]
+    onnx.save(chain_model(3), str(zoo[0]))
+    onnx.save(diamond_model(), str(zoo[1]))
+    store_path = tmp_path / "s.sqlite"
+    with Store(store_path) as st:
+        # Stored results under the key the agents report (both nodes are this machine):
+        # the chain's Conv 10x less precise than the rest, the diamond's Sigmoid stopped
+        # at the round limit.
+        digests = fill(st, [load(p) for p in zoo], 1, median_of=MEDIANS, wide={"Conv": 0.03}, stopped={"Sigmoid"})
+        before = {r.digest: r.created_at for r in st.results(with_times=False)}
+    argv = ["bench", *map(str, zoo), "-G", "1", "--store", str(store_path), "--json", "--ray", cluster.address, *CLI]
+
+    capsys.readouterr()
+    rc = main(argv)
+    captured = capsys.readouterr()
+    out, err = json.loads(captured.out), captured.err
+    assert rc == 0 and out["bricks_measured"] == 0 and out["bricks_reused"] == out["bricks_total"]
+    # The reused results are judged as after a local bench, and the worst case named.
+    assert "1 brick result(s) stopped at the round limit" in err
+    assert "1 model(s) short of the +/-2.0% precision" in err and "--remeasure-unstable" in err
+    assert next(x for x in err.splitlines() if "chain (G=1)" in x).count("of its variance from brick Conv") == 1
+    check = out["precision_check"]
+    assert check["models_flagged"] == 1 and check["results_unconverged"] == 1
+    assert out["systems"][out["system_id"]]["precision_check"] == check
+
+    assert main([*argv, "--remeasure-unstable"]) == 0
+    captured = capsys.readouterr()
+    again = json.loads(captured.out)
+    assert "re-measuring 2 stored result(s)" in captured.err
+    assert again["bricks_measured"] == 2 and again["bricks_reused"] == again["bricks_total"] - 2
+    with Store(store_path, readonly=True) as st:
+        after = {r.digest: r.created_at for r in st.results(with_times=False)}
+    assert {d for d in before if after[d] != before[d]} == {digests["Conv"], digests["Sigmoid"]}
+
+
 def test_a_brick_lost_with_its_node_is_stored_not_measured_and_measured_next_run(cluster, corpus, tmp_path):
     cluster.start_node("spare", head=False, cores="1")
     cluster.wait_nodes()

@@ -24,6 +24,7 @@ from dlbricks.commands._common import (
     open_store,
     parse_g_list,
     positive_int,
+    print_check,
     ray_shapes,
     render_latencies,
     runner_config,
@@ -134,6 +135,7 @@ def _report(
 def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> int:
     from dlbricks.analysis import print_err
     from dlbricks.distributed import bench_on_ray, connect, load_corpus_ray
+    from dlbricks.quality import assess
 
     if args.runtime_graph:
         raise UsageError("--runtime-graph cannot be combined with --ray yet")
@@ -141,8 +143,6 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> i
         raise UsageError("--jobs does not apply with --ray: each node times one brick at a time")
     if args.workdir:
         raise UsageError("--bricks-dir does not apply with --ray: bricks are generated on the nodes")
-    if args.remeasure_unstable:
-        raise UsageError("--remeasure-unstable does not apply with --ray yet: use --force")
     try:
         resources = json.loads(args.ray_resources) if args.ray_resources else {}
         if not isinstance(resources, dict) or not all(isinstance(v, (int, float)) for v in resources.values()):
@@ -160,8 +160,10 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> i
         loaded = load_corpus_ray(args.paths, shapes, strict=args.strict, on_warning=print_err)
         for e in loaded.errors:
             print_err(f"skipped {e['error']}")
+        models = loaded.models
+        e2e_models = models if args.e2e else None
         summary = bench_on_ray(
-            loaded.models,
+            models,
             Gs,
             store=store,
             config=config,
@@ -172,13 +174,29 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> i
             labels=labels,
             progress=sys.stderr.isatty(),
             on_event=warn,
+            # Each system kind's own results are checked, when its first node reports.
+            remeasure=(lambda sid: flagged_for_remeasure(args, models, Gs, store, sid, config, e2e_models))
+            if args.remeasure_unstable else None,
         )
+        # The precision check of each system kind's results, as after a local bench
+        # (with several kinds, each kind's warnings under its name).
+        checks = {}
+        for sid, per in summary.systems.items():
+            if len(summary.systems) == 1:
+                checks[sid] = check_precision(models, Gs, store, sid, config, e2e_models)
+                continue
+            checks[sid] = check = assess(models, Gs, store=store, system_id=sid, config_key=config.key(),
+                                         precision=config.precision, e2e_models=e2e_models)
+            if not check.ok:
+                warn(f"system {sid} ({per['cpu']}):")
+            print_check(check)
     details = ""
     for sid, per in summary.systems.items():
         details += (
             f"system {sid} ({per['cpu']}): {per['nodes']} node(s), {per.get('bricks_measured', 0)} measured, "
             f"{per.get('bricks_reused', 0)} reused, {per.get('bricks_failed', 0)} failed\n"
         )
+        per["precision_check"] = checks[sid].to_dict()
     if summary.nodes_lost:
         details += f"nodes lost: {summary.nodes_lost}, bricks retried: {summary.retries}, not measured: {summary.lost}\n"
-    return _report(args, summary, store.path, Gs, config, details)
+    return _report(args, summary, store.path, Gs, config, details, check=checks.get(summary.system_id))

@@ -7,7 +7,7 @@ import collections
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Any, Callable, Collection, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -89,6 +89,7 @@ def bench_on_ray(
     refresh_s: float = 2.0,
     progress: bool = False,
     on_event: Callable[[str], None] | None = None,
+    remeasure: Callable[[str], Collection[str]] | None = None,
 ) -> RayBenchSummary:
     """Measure every unique brick (and with ``e2e`` every whole model) on a Ray fleet.
 
@@ -118,6 +119,11 @@ def bench_on_ray(
         refresh_s: how often the driver looks for new nodes.
         progress: show a progress bar on stderr.
         on_event: called with one line per notable event (node lost, brick failed).
+        remeasure: given a system kind's id when its first agent reports, the digests
+            (bricks or whole models) to measure again there although the store has them
+            (``--remeasure-unstable``: the precision check of that kind's results,
+            :meth:`dlbricks.quality.Assessment.remeasure`), as ``remeasure`` of
+            :func:`dlbricks.pipeline.bench` does locally.
 
     Returns:
         a :class:`RayBenchSummary`.
@@ -186,7 +192,11 @@ def bench_on_ray(
     def add_system(sid: str, fingerprint: Mapping[str, Any]) -> int:
         store.put_system(fingerprint)
         summary.systems[sid] = {"cpu": (fingerprint.get("cpu") or {}).get("model"), "nodes": 0}
-        items, reused = missing_work(work, store, sid, config_key, force=force, retry_failed=retry_failed)
+        again = set(remeasure(sid)) if remeasure is not None and not force else set()
+        items, reused = missing_work([w for w in work if w.digest not in again], store, sid, config_key, force=force,
+                                     retry_failed=retry_failed)
+        if again:  # measured again whatever the store holds: as with force, for just these
+            items += missing_work([w for w in work if w.digest in again], store, sid, config_key, force=True)[0]
         for kind, n in reused.items():
             count(sid, kind, "reused", n)
         queues[sid] = collections.deque(_Item(w.kind, w.digest, w.version, payloads[(w.kind, w.digest)]) for w in items)

@@ -7,7 +7,9 @@ import http.server
 import json
 import mmap
 import os
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -320,6 +322,40 @@ def test_hw_notice_is_one_line_only_when_the_pmu_is_missing(monkeypatch, hardwar
         assert messages[0] == hw["message"]
         assert messages[0].startswith("hardware counters unavailable on this machine (EACCES: not permitted)")
         assert "skipping the hw level" in messages[0] and "task-clock" in messages[0]
+
+
+# A user's script as they write it: no `if __name__ == "__main__":` guard.
+_HW_SCRIPT = textwrap.dedent("""
+    import json
+    import sys
+
+    from dlbricks.loading import load
+    from dlbricks.profiling import ProfileOptions, profile_model
+    from dlbricks.timing import RunnerConfig
+
+    print("script body ran")
+    quick = RunnerConfig(warmup_iters=1, warmup_time=0.0, min_iters=3, min_time=0.0, max_time=0.1, target_ci=0.2)
+    opts = ProfileOptions(levels=("hw",), hw_bricks=False, brick_runs=2, warmup=1, config=quick, brick_config=quick)
+    result = profile_model(load(sys.argv[1]), opts, on_message=None)
+    print(json.dumps(result["hw_level"]))
+""")
+
+
+def test_hw_level_runs_from_a_script_without_a_main_guard(tiny_path, tmp_path):
+    if probe(["task-clock"]) != {"task-clock": None}:
+        pytest.skip("perf events are not available here")
+    script = tmp_path / "profile_hw.py"
+    script.write_text(_HW_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), tiny_path], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    # The worker did not run the user's script again (spawn re-imports the main module).
+    assert lines.count("script body ran") == 1
+    hw = json.loads(lines[-1])
+    assert len(hw["worker_pids"]) == 1 and hw["failed"] == 0
+    assert "task-clock" in hw["events"] and hw["model"]["counters"]["task-clock"] > 0
+    assert hw["model"]["counted_us"] > 0 and hw["model"]["uncounted_us"] > 0
 
 
 def test_trace_is_valid_nested_and_carries_layer_args(full_profile):

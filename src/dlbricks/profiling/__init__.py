@@ -7,6 +7,7 @@
 - :mod:`.join`        kernels joined to layers and brick digests
 - :mod:`.layer`       the layer level and its correction for the profiler's cost
 - :mod:`.hw`          the hw level: perf counters on each kernel's brick, in a worker
+- :mod:`.worker`      that worker's process: ``python -m dlbricks.profiling.worker``
 - :mod:`.render`      the text summary
 - :mod:`.perfevents`  Linux perf event counters
 - :mod:`.tracing`     spans, Chrome traces and OpenTelemetry

@@ -2,7 +2,7 @@
 
 Each kernel's layers become a brick (:func:`dlbricks.bricks.generate_brick`: G=1 for
 an unfused layer; the fused layers together otherwise, so that onnxruntime fuses the
-brick exactly as it fused the model). A worker process (``spawn``) times every brick
+brick exactly as it fused the model). A worker process times every brick
 with the Runner (the *isolated* time) and counts its runs with Linux perf events
 (:mod:`dlbricks.profiling.perfevents`): cycles, instructions, cache and branch misses
 where the machine exposes a PMU, plus task clock, page faults and context switches.
@@ -10,15 +10,18 @@ Without hardware counters one line says so and the level carries on with the
 software counters only. The whole model is counted the same way, alternating counted
 and uncounted runs, which gives the level's overhead.
 
-The worker's spans join the parent's trace: it records under the parent's level span
-(and OpenTelemetry context) and sends its events back when it stops.
+The worker is a fresh interpreter (``python -m dlbricks.profiling.worker``, as the
+measurement engine starts its workers), not a ``multiprocessing`` child: ``spawn``
+re-imports the parent's main module, so a user's script would need an
+``if __name__ == "__main__":`` guard. Its spans join the parent's trace: it records
+under the parent's level span (and OpenTelemetry context) and sends its events back
+when it stops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing as mp
 import os
 import signal
 from typing import Any, Callable, Mapping, Sequence
@@ -198,12 +201,15 @@ def run_hw_jobs(
     start_timeout_s: float = 120.0,
 ) -> tuple[dict[str, dict[str, Any]], list[int]]:
     """Run jobs in a worker (:func:`dlbricks.timing.workers.run_with_restart`: a fresh
-    one after a crash or a timeout); returns key -> result and the worker pids."""
+    one after a crash or a timeout), started as a ``python -m`` interpreter
+    (:class:`~dlbricks.profiling.worker.ModuleContext`); returns key -> result and the
+    worker pids."""
+    from dlbricks.profiling.worker import ModuleContext
     from dlbricks.timing.workers import Reply, Worker, run_with_restart
 
     results: dict[str, dict[str, Any]] = {}
     pids: list[int] = []
-    ctx = mp.get_context("spawn")
+    ctx = ModuleContext()
 
     def start() -> Worker:
         worker = Worker(ctx, _hw_worker_main, (setup,), name="dlbricks-hw-worker", what="hw worker",

@@ -654,6 +654,37 @@ def test_model_local_functions_are_opaque_layers():
     assert [(x.kind, x.output_types) for x in model.layers] == [("local::MyRelu", (TensorType(T.FLOAT, (4,)),))]
 
 
+def _onnxruntime_norm_model(annotate: bool) -> onnx.ModelProto:
+    """Ops onnxruntime defines in the ONNX domain and its optimiser writes: RMSNorm as
+    SimplifiedLayerNormalization, and LayerNormalization at opset 13 (onnx's is 17's)."""
+    g = nh.from_array(np.ones(8, np.float32), "g")
+    b = nh.from_array(np.zeros(8, np.float32), "b")
+    nodes = [
+        h.make_node("SimplifiedLayerNormalization", ["x", "g"], ["s", "s_inv"], name="rms", axis=-1, epsilon=1e-6),
+        h.make_node("LayerNormalization", ["s", "g", "b"], ["y", "mean", "inv"], name="ln", axis=-1),
+    ]
+    proto = make_model(nodes, [vi("x", T.FLOAT, [2, 3, 8])], [vi("y"), vi("s_inv"), vi("mean")], [g, b], name="ortnorm")
+    if annotate:
+        proto.graph.value_info.extend([vi("s", T.FLOAT, [2, 3, 8]), vi("s_inv", T.FLOAT, [2, 3, 1]),
+                                       vi("y", T.FLOAT, [2, 3, 8]), vi("mean", T.FLOAT, [2, 3, 1])])
+    return proto
+
+
+def test_onnxruntimes_own_onnx_domain_ops_are_opaque_layers_of_their_declared_types():
+    model = loader.load(_onnxruntime_norm_model(annotate=True))
+    rms, ln = model.layers
+    assert (rms.kind, ln.kind) == ("SimplifiedLayerNormalization", "LayerNormalization")
+    assert rms.output_types == (TensorType(T.FLOAT, (2, 3, 8)), TensorType(T.FLOAT, (2, 3, 1)))
+    # The unused, undeclared inv_std_var of the LayerNormalization stays untyped.
+    assert ln.output_types == (TensorType(T.FLOAT, (2, 3, 8)), TensorType(T.FLOAT, (2, 3, 1)), None)
+    assert model.edge_src.tolist() == [0] and model.edge_dst.tolist() == [1]
+
+
+def test_onnxruntimes_own_onnx_domain_ops_without_declared_types_name_the_tensor():
+    msg = errors_of(_onnxruntime_norm_model(annotate=False))
+    assert msg == "ortnorm: cannot infer the type of tensor 's' (output of node 'rms' (SimplifiedLayerNormalization))"
+
+
 def test_sequence_tensors_are_a_model_error():
     nodes = [
         h.make_node("SequenceConstruct", ["x", "x"], ["s"], name="pack"),

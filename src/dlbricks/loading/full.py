@@ -34,7 +34,7 @@ from dlbricks.digest import constant_role, layer_digest_fields, qdq_group_digest
 from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.loading.constants import ConstantStore, constant_node_type, type_folded_value
 from dlbricks.loading.messages import DlbricksWarning, batch_dim_note, one_line
-from dlbricks.loading.names import has_subgraphs, norm_domain, outer_names
+from dlbricks.loading.names import has_subgraphs, norm_domain, onnxruntime_onnx_op, outer_names
 from dlbricks.loading.qdq import QUANTIZED_ELEM_TYPES, Group, QdqLayer, is_qdq_op, plan_groups
 from dlbricks.loading.sizes import INLINE_BYTES, MAX_ELEMENTS, elem_type_of, itemsize, numel
 from dlbricks.loading.wire import read_proto
@@ -222,10 +222,7 @@ class _Loader:
         if domain != "":
             if domain not in self.opsets:
                 raise self._err(f"node {self._desc(i)} uses domain '{domain}', which the model does not import")
-            # Ops of other domains (com.microsoft, ai.onnx.ml...) are opaque layers.
-            self.opaque[i] = True
-            self.op_version[i] = self.opsets[domain]
-            self.opaque_outputs.update(o for o in self.outs[i] if o)
+            self._contrib(i, self.opsets[domain])
             return
         version = self.opsets.get("")
         if version is None:
@@ -238,6 +235,12 @@ class _Loader:
                 schemas[key] = None
         since = schemas[key]
         if since is None:
+            ort_since = onnxruntime_onnx_op(op_type, version)
+            if ort_since is not None:
+                # One of onnxruntime's own ops in the ONNX domain, which its optimiser
+                # writes (SimplifiedLayerNormalization...): a contrib op by another name.
+                self._contrib(i, ort_since)
+                return
             raise self._err(
                 f"node {self._desc(i)} has unknown op '{op_type}' (not in the ONNX schema at opset {version})"
             )
@@ -247,6 +250,15 @@ class _Loader:
             self.loops.append(i)
         if self.opaque[i]:
             self.opaque_outputs.update(o for o in self.outs[i] if o)
+
+    def _contrib(self, i: int, version: int) -> None:
+        """Node ``i`` is an op onnx does not define (com.microsoft, ai.onnx.ml...): an
+        opaque layer. Shape inference knows nothing of it, so its outputs take the types
+        the model declares (:mod:`dlbricks.loading.runtime_graph` declares every value's,
+        read off a run of the graph)."""
+        self.opaque[i] = True
+        self.op_version[i] = version
+        self.opaque_outputs.update(o for o in self.outs[i] if o)
 
     def _topo_order(self) -> list[int]:
         """A topological order; the original order when it already is one."""

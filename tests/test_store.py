@@ -365,8 +365,8 @@ def test_results_command_filters_by_model_file_with_occurrences_and_shapes(tmp_p
 
 def test_results_name_every_bricks_shapes_from_the_catalogue_without_model(tmp_path, capsys):
     import onnx
-
     from test_pipeline import chain_model, diamond_model
+
     from dlbricks.loading import load
     from dlbricks.pipeline import plan_work
 

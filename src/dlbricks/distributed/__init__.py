@@ -19,13 +19,14 @@ kind share those bricks. So one corpus can be benchmarked on several kinds of
 machine at once, each brick once per kind, and a rerun measures only what is still
 missing for each kind present.
 
-Timing integrity: an agent runs one brick at a time: it generates the brick on its
-node (loading the model from its path there, cached), then times it in an isolated
-worker process (:func:`dlbricks.timing.workers.run_isolated`) pinned to the node's cores;
-session set-up stays off the clock as in the local runner. The driver keeps at most
-one brick in flight per agent, and since an agent holds the node's timing slot, no
-other dlbricks run (or anything else asking for the slot) times on that node at the
-same time. The agent also reserves as many Ray CPUs as it pins cores, so Ray does
+Timing integrity: an agent measures one batch at a time (at most
+:data:`~dlbricks.distributed.driver.BATCH` items): it generates each brick on its node
+(loading the model from its path there, cached) and times the batch with the
+measurement engine (:mod:`dlbricks.timing.engine`), as a local bench does, in a worker
+process pinned to the node's cores; session set-up stays off the clock. The driver
+keeps at most one batch in flight per agent, and since an agent holds the node's
+timing slot, no other dlbricks run (or anything else asking for the slot) times on
+that node at the same time. The agent also reserves as many Ray CPUs as it pins cores, so Ray does
 not place its own tasks on their share. Start one timing slot per machine (or per
 disjoint set of cores, with :data:`CORES_ENV` telling each node its cores).
 

@@ -335,7 +335,10 @@ def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed:
         return str(path), bounds
 
     label = f"{w.kind} {w.digest[:12]}" if w.kind == "brick" else f"model {getattr(w.model, 'name', w.digest[:12])}"
-    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label)
+    # A whole model is the reference its bricks are compared with: measured over the
+    # same rounds as they are.
+    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label,
+                      reference=w.kind == "model")
 
 
 def precision_groups(models: Sequence[ModelLike], Gs: Sequence[int], todo: Sequence[WorkItem]) -> list[Group]:

@@ -8,11 +8,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from conftest import light
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -20,10 +20,8 @@ from onnx import numpy_helper as nh
 from dlbricks.bricks import generate_brick, generate_bricks, write_brick
 from dlbricks.corpus import Corpus
 from dlbricks.graph import split
-from dlbricks.model import Model
 from dlbricks.loading import load
-
-from conftest import light
+from dlbricks.model import Model
 
 # Largest weight of the corpus: VGG-19's fc6 Gemm, 25088x4096 float32 plus its bias.
 VGG_FC6_BYTES = (25088 * 4096 + 4096) * 4
@@ -314,7 +312,7 @@ def test_same_digest_and_seed_give_identical_bricks_and_another_seed_other_weigh
     model = load(light("squeezenet"))
     a = generate_bricks([model], 3, tmp_path / "a", seed=7)
     b = generate_bricks([model], 3, tmp_path / "b", seed=7)
-    c = generate_bricks([model], 3, tmp_path / "c", seed=8)
+    generate_bricks([model], 3, tmp_path / "c", seed=8)
     assert [i.to_dict() for i in a] == [i.to_dict() for i in b]
     files = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert files == sorted(p.name for p in (tmp_path / "b").iterdir())
@@ -489,3 +487,24 @@ def test_write_brick_leaves_the_brick_file_and_no_temporaries(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["if.onnx"]  # k is under 1 KiB: inline
     assert info.file == "if.onnx" and info.layers == 1
     onnx.checker.check_model(str(tmp_path / "if.onnx"), full_check=True)
+
+
+def test_bricks_of_onnxruntimes_own_onnx_domain_ops_pass_the_checker_and_run(tmp_path):
+    # onnxruntime writes T5's RMSNorm into its runtime graphs as SimplifiedLayerNormalization,
+    # an op of the ONNX domain that onnx does not define: the checker must not reject it.
+    vi = h.make_tensor_value_info
+    g = nh.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "g")
+    nodes = [
+        h.make_node("SimplifiedLayerNormalization", ["x", "g"], ["s"], name="rms", axis=-1, epsilon=1e-6),
+        h.make_node("Relu", ["s"], ["y"], name="relu"),
+    ]
+    graph = h.make_graph(nodes, "rms", [vi("x", T.FLOAT, [2, 8])], [vi("y", T.FLOAT, [2, 8])], [g],
+                         value_info=[vi("s", T.FLOAT, [2, 8])])
+    model = load(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+    assert [layer.kind for layer in model.layers] == ["SimplifiedLayerNormalization", "Relu"]
+    for members in ([0], [0, 1]):
+        path = tmp_path / f"rms{len(members)}.onnx"
+        proto, info = write_brick(model, members, path, check=True)
+        assert onnx.load(str(path)).graph.node[0].domain == ""  # checked as written, saved as generated
+        (out,) = _ort_session(str(path)).run(None, {"x": np.ones((2, 8), np.float32)})
+        assert out.shape == (2, 8) and info.op_types[0] == "SimplifiedLayerNormalization"

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dlbricks.digest import constant_role
 from dlbricks.errors import DlbricksError
-from dlbricks.loading.names import outer_names
+from dlbricks.loading.names import is_default_domain, onnxruntime_onnx_op, outer_names
 from dlbricks.model import Layer, Model, ModelLike, TensorType
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -382,14 +382,52 @@ def _type_of(vi: onnx.ValueInfoProto) -> TensorType:
     return TensorType(t.elem_type, tuple(d.dim_value for d in t.shape.dim))
 
 
+# The domain check_brick moves onnxruntime's own ONNX-domain ops to (see below).
+_ORT_CHECK_DOMAIN = "dlbricks.onnxruntime"
+
+
+def _onnxruntime_ops_out_of_onnx_domain(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of ``proto`` whose default-domain nodes that onnx does not define but
+    onnxruntime does (SimplifiedLayerNormalization; see
+    :func:`dlbricks.loading.names.onnxruntime_onnx_op`) are in a domain of their own, or
+    None when it has none. The checker rejects an op of the ONNX domain it has no
+    schema for, and skips one of another domain, as it does com.microsoft's ops."""
+    opset = next((int(o.version) for o in proto.opset_import if is_default_domain(o.domain)), None)
+    if opset is None:
+        return None
+    moved = []
+    for k, node in enumerate(proto.graph.node):
+        if is_default_domain(node.domain) and not onnx.defs.has(node.op_type, opset):
+            if onnxruntime_onnx_op(node.op_type, opset) is not None:
+                moved.append(k)
+    if not moved:
+        return None
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for k in moved:
+        copy.graph.node[k].domain = _ORT_CHECK_DOMAIN
+    copy.opset_import.append(helper.make_opsetid(_ORT_CHECK_DOMAIN, 1))
+    return copy
+
+
 def check_brick(proto: onnx.ModelProto | str, *, label: str | None = None) -> None:
     """Full ONNX check (structure plus strict shape inference) of a model or a saved file.
+
+    Ops onnx does not define are not checked, whatever their domain: onnxruntime's
+    contrib ops (com.microsoft...) and those it defines in the ONNX domain alike.
 
     Raises:
         DlbricksError: the brick is not a valid model.
     """
     if label is None:
         label = proto if isinstance(proto, str) else proto.graph.name
+    try:
+        parsed = onnx.load(proto, load_external_data=False) if isinstance(proto, str) else proto
+    except Exception:  # noqa: BLE001 - an unreadable file: the checker says why
+        parsed = None
+    relabelled = None if parsed is None else _onnxruntime_ops_out_of_onnx_domain(parsed)
+    if relabelled is not None:
+        proto = relabelled
     try:
         onnx.checker.check_model(proto, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:

@@ -5,23 +5,30 @@ convolutions to a blocked layout (``com.microsoft.nchwc``). A brick cannot be fu
 with its neighbours, so decomposing the source graph mispredicts; decomposing the
 optimised graph makes every layer one kernel that really runs.
 
-onnxruntime saves the optimised model but no intermediate types, and ONNX shape
-inference does not know its contrib ops, so the types are read off one run of the
-saved model with optimisation disabled and every intermediate value exposed.
+onnxruntime saves the optimised model but no intermediate types (at most the source's
+declarations), and ONNX shape inference does not know its contrib ops, so every value's
+type is read off one run of the saved model with optimisation disabled and every
+intermediate exposed, and replaces any declared one. The loader takes each op onnx
+does not define (com.microsoft's, com.microsoft.nchwc's, and the ONNX-domain ops of
+onnxruntime's own such as SimplifiedLayerNormalization) as an opaque layer of those
+types: what onnxruntime produces, optional outputs included.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from dlbricks.errors import DlbricksError, ModelError, first_line
+from dlbricks.loading.messages import DlbricksWarning
 from dlbricks.model import Model
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.fpenv import FloatEnv
@@ -133,12 +140,22 @@ def _record_types(
         values = session.run(None, feeds)
     except Exception as exc:
         raise ModelError(f"{label}: onnxruntime failed to run its optimised model: {first_line(exc)}") from None
-    existing = {vi.name for vi in graph.value_info} | {vi.name for vi in graph.output}
-    for meta, value in zip(session.get_outputs(), values):
-        if meta.name in existing or not isinstance(value, np.ndarray):
-            continue
-        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
-        graph.value_info.append(helper.make_tensor_value_info(meta.name, elem, list(value.shape)))
+    # The run's types replace any declared ones: onnxruntime keeps the source's
+    # declarations, whose dims may be symbolic or predate its rewrites.
+    ran = {meta.name: value for meta, value in zip(session.get_outputs(), values) if isinstance(value, np.ndarray)}
+    kept = [vi for vi in graph.value_info if vi.name not in ran]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    for vi in graph.output:
+        value = ran.pop(vi.name, None)
+        if value is not None:
+            vi.type.CopyFrom(_tensor_type(value))
+    for name, value in ran.items():
+        graph.value_info.add(name=name).type.CopyFrom(_tensor_type(value))
+
+
+def _tensor_type(value: np.ndarray) -> onnx.TypeProto:
+    return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
 
 
 def runtime_models(
@@ -151,23 +168,107 @@ def runtime_models(
     """Reload each model as the graph onnxruntime executes, under the same name.
 
     The reloaded models have no ``path``: the file holds the source graph, not this one.
+    A model without a file is optimised from its own graph, rebuilt from its layers with
+    its real weights (:func:`dlbricks.bricks.whole_model`).
 
     Args:
-        models: loaded models, each with its file.
+        models: loaded models.
         config, level: as for :func:`optimized_model`: pass the configuration the
             bricks will be timed with.
         input_shapes: concrete shapes for symbolic graph inputs.
 
     Raises:
-        ModelError: a model has no path (in-memory models are optimised from their proto
-            only when passed to :func:`optimized_model` directly) or fails to optimise.
+        ModelError: a model fails to optimise, or its runtime graph to load; or it has no
+            file and its weights are not at hand (:func:`runtime_models_or_sources` keeps
+            the source graph of such a model instead).
     """
+    return [_runtime_model(m, config, level, input_shapes) for m in models]
+
+
+def _runtime_model(
+    model: Model,
+    config: RunnerConfig | None,
+    level: str | None,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+) -> Model:
     from dlbricks.loading import load
 
-    out = []
-    for m in models:
-        if m.path is None:
-            raise ModelError(f"{m.name}: --runtime-graph needs the model's file")
-        proto = optimized_model(m.path, config=config, level=level, input_shapes=input_shapes)
-        out.append(load(proto, input_shapes, name=m.name))
-    return out
+    source = model.path if model.path is not None else _rebuilt_proto(model)
+    shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
+    proto = optimized_model(source, config=config, level=level, input_shapes=shapes)
+    return load(proto, shapes, name=model.name)
+
+
+def _rebuilt_proto(model: Model) -> onnx.ModelProto:
+    """An in-memory model's graph from its layers, with its real weights.
+
+    Raises:
+        ModelError: its constant values are not available (say, external data of a
+            model loaded from a ModelProto).
+    """
+    from dlbricks.bricks import whole_model
+
+    try:
+        proto, _ = whole_model(model, weights="source")
+    except (DlbricksError, KeyError, OSError, ValueError) as exc:
+        cause = _unlabelled(first_line(exc), model.name)
+        raise ModelError(f"{model.name}: no file, and its graph cannot be rebuilt: {cause}") from None
+    proto.graph.name = model.name
+    return proto
+
+
+# Which graph a model is decomposed as: the one onnxruntime executes, or its file's.
+Graph = Literal["runtime", "source"]
+
+
+def runtime_models_or_sources(
+    sources: Sequence[Model],
+    *,
+    config: RunnerConfig | None = None,
+    level: str | None = None,
+    input_shapes_for: Callable[[Model], Mapping[str, Sequence[int]] | None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> tuple[list[Model], list[Graph]]:
+    """Each model's runtime graph (:func:`runtime_models`), or the model itself where
+    that graph cannot be built or decomposed (nor, for a model without a file, its
+    graph rebuilt).
+
+    Args:
+        sources: loaded models.
+        config, level: as for :func:`optimized_model`: pass the configuration the
+            bricks will be timed with.
+        input_shapes_for: each model's concrete input shapes (None: as declared); the
+            source model was loaded with the same ones.
+        on_warning: called with one line naming a model that keeps its source graph and
+            why (default: a :class:`~dlbricks.loading.DlbricksWarning`).
+
+    Returns:
+        (models, graphs): pairwise with ``sources``, the model to decompose and which
+        graph it is, ``"runtime"`` or ``"source"``. A runtime model has the source's
+        name and no path. Only a :class:`~dlbricks.errors.DlbricksError` sends a model
+        back to its source graph; other errors (``MemoryError``...) propagate.
+    """
+    models: list[Model] = []
+    graphs: list[Graph] = []
+    for m in sources:
+        shapes = input_shapes_for(m) if input_shapes_for is not None else None
+        try:
+            models.append(_runtime_model(m, config, level, shapes))
+            graphs.append("runtime")
+        except DlbricksError as exc:
+            cause = _unlabelled(first_line(exc), m.name)
+            message = f"{m.name}: decomposed as its source graph: its runtime graph cannot be used ({cause})"
+            if on_warning is not None:
+                on_warning(message)
+            else:
+                warnings.warn(message, DlbricksWarning, stacklevel=2)
+            models.append(m)
+            graphs.append("source")
+    return models, graphs
+
+
+def _unlabelled(message: str, name: str) -> str:
+    """``message`` without a leading ``name: `` (errors name their model; so does the
+    line that quotes them)."""
+    prefix = f"{name}: "
+    return message[len(prefix):] if message.startswith(prefix) else message

@@ -40,8 +40,10 @@ def main() -> None:
             seq = m["per_g"]["1"]["sequential"]
             row[m["name"]] = {"normalized": seq["normalized"], "ci": seq["normalized_ci"], "e2e_ms": m["e2e_s"] * 1e3,
                               "reconstructed_ms": seq["latency_s"] * 1e3}
-        runs.append({"evaluate_s": wall, "models": row})
-        print(f"run {r + 1} ({wall:.0f} s): " + ", ".join(
+        runs.append({"evaluate_s": wall, "models": row, "call_overhead_ns": result.get("call_overhead_ns"),
+                     "graph": result.get("graph")})
+        print(f"run {r + 1} ({wall:.0f} s, {result.get('graph')} graph, call overhead "
+              f"{(result.get('call_overhead_ns') or 0) / 1e3:.2f} us): " + ", ".join(
             f"{n} {v['normalized']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] (e2e {v['e2e_ms']:.2f} ms)" for n, v in row.items()),
             flush=True)
     names = list(runs[0]["models"])
@@ -73,6 +75,8 @@ def main() -> None:
         "coverage": coverage,
         "met": {"range": worst <= 0.03, "coverage": coverage >= 0.9},
         "evaluate_s": [r["evaluate_s"] for r in runs],
+        "call_overhead_ns": [r["call_overhead_ns"] for r in runs],
+        "graph": runs[0]["graph"] if runs else None,
     }))
 
 

@@ -57,3 +57,92 @@ def test_input_shapes_reach_the_end_to_end_models_of_a_runtime_graph_run(tmp_pat
     with Store(store_path, readonly=True) as store:
         timed = {d for d, _ in store.models()}
     assert timed == {model_digest(load(path, {"x": (8, 4)}))}  # batch 8, as the bricks; never batch 1
+
+
+def _conv_bn_relu_model(path, name="cbr"):
+    """Conv -> BatchNormalization -> Relu: three source layers onnxruntime fuses into one."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.uniform(-0.3, 0.3, (8, 4, 3, 3)).astype(np.float32), "w")]
+    inits += [numpy_helper.from_array(v.astype(np.float32), n) for n, v in
+              [("s", np.ones(8)), ("b", np.zeros(8)), ("m", np.zeros(8)), ("v", np.ones(8))]]
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
+         helper.make_node("Relu", ["n"], ["y"], name="relu")],
+        name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], inits,
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def _brick_op_types(store_path):
+    import json
+    import sqlite3
+
+    con = sqlite3.connect(store_path)
+    try:
+        return [json.loads(r[0]) for r in con.execute("SELECT op_types FROM bricks")]
+    finally:
+        con.close()
+
+
+def test_bricks_are_cut_from_the_runtime_graph_by_default_and_from_the_source_graph_on_request(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "cbr.onnx"
+    _conv_bn_relu_model(path)
+    runs = {}
+    for graph in ("runtime", "source"):
+        store_path = tmp_path / f"{graph}.sqlite"
+        extra = [] if graph == "runtime" else ["--graph", "source"]
+        code = main(["evaluate", str(path), "-G", "1", "--store", str(store_path), "--json", "--bootstrap", "20",
+                     *extra, *FAST_CLI])
+        assert code == 0
+        runs[graph] = (json.loads(capsys.readouterr().out), _brick_op_types(store_path))
+    out, bricks = runs["runtime"]
+    assert out["graph"] == "runtime" and out["models"][0]["graph"] == "runtime"
+    # No brick boundary inside what onnxruntime fuses: the Conv brick has the
+    # BatchNormalization folded in and the Relu fused (a layout change may follow it).
+    assert not {"BatchNormalization", "Relu"} & {op for b in bricks for op in b}
+    assert len(bricks) < 3 and any(op.endswith("Conv") for b in bricks for op in b)
+    out, bricks = runs["source"]
+    assert out["graph"] == "source" and out["models"][0]["graph"] == "source"
+    assert sorted(b[0] for b in bricks) == ["BatchNormalization", "Conv", "Relu"]
+
+
+def test_a_model_whose_runtime_graph_cannot_be_used_is_cut_from_its_source_graph(tmp_path, capsys, monkeypatch):
+    import json
+
+    import dlbricks.loading.runtime_graph as rg
+    from dlbricks.errors import ModelError
+
+    real = rg.optimized_model
+
+    def failing_for_bad(source, *args, **kwargs):
+        if str(source).endswith("bad.onnx"):
+            raise ModelError("bad: an op the loader cannot type")
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(rg, "optimized_model", failing_for_bad)
+    good, bad = tmp_path / "good.onnx", tmp_path / "bad.onnx"
+    _conv_bn_relu_model(good, "good")
+    _conv_bn_relu_model(bad, "bad")
+    code = main(["evaluate", str(good), str(bad), "-G", "1", "--store", str(tmp_path / "s.sqlite"), "--json",
+                 "--bootstrap", "20", *FAST_CLI])
+    captured = capsys.readouterr()
+    assert code == 0
+    out = json.loads(captured.out)
+    assert out["graph"] == "mixed"
+    assert {m["name"]: m["graph"] for m in out["models"]} == {"good": "runtime", "bad": "source"}
+    warned = [line for line in captured.err.splitlines() if "bad" in line and "source graph" in line]
+    assert len(warned) == 1 and "cannot type" in warned[0]
+
+
+def test_ray_runs_cut_the_source_graph(tmp_path, capsys):
+    code = main(["bench", str(tmp_path), "--ray", "local", "--graph", "runtime", "--store", str(tmp_path / "s.sqlite")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--graph runtime" in err and len(err.splitlines()) == 1

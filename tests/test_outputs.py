@@ -24,8 +24,9 @@ from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 from dlbricks.versions import brick_digest_version, model_digest_version
 from test_pipeline import chain_model, diamond_model
 
-# Engine options kept short, and no calibration probes to measure.
-CLI = ["--no-pin", "--no-call-overhead", "--min-rounds", "3", "--max-rounds", "4"]
+# Engine options kept short, and no calibration probes to measure; the stores these
+# tests fill hold results of the models' source-graph bricks.
+CLI = ["--no-pin", "--no-call-overhead", "--min-rounds", "3", "--max-rounds", "4", "--graph", "source"]
 
 
 def _config(argv: list[str] = CLI):

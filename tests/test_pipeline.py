@@ -235,7 +235,8 @@ def test_evaluate_cli_json_has_the_documented_keys(tmp_path, capsys):
 
 def test_a_killed_bench_run_resumes_without_losing_results(tmp_path):
     store_path = tmp_path / "s.sqlite"
-    cmd = [sys.executable, "-m", "dlbricks", "bench", str(light("squeezenet")), "-G", "1", "--store", str(store_path),
+    cmd = [sys.executable, "-m", "dlbricks", "bench", str(light("squeezenet")), "-G", "1", "--graph", "source",
+           "--store", str(store_path),
            "--no-pin", "--warmup", "1", "--warmup-time", "0", "--min-iters", "20", "--min-time", "0.05", "--max-time", "0.1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120

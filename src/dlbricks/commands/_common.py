@@ -14,7 +14,7 @@ from dlbricks.errors import DlbricksError, UsageError
 from dlbricks.files import write_atomically
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from dlbricks.commands._shapes import ShapePlan
     from dlbricks.quality import Assessment
@@ -46,6 +46,20 @@ def add_model_args(p: argparse.ArgumentParser, *, nargs: str = "+") -> None:
                    help="per-model input shapes: a JSON or TOML mapping from a model path or glob to "
                         "{input: dims}, e.g. {\"zoo/bert/*.onnx\": {\"input_ids\": \"1x128\"}}")
     p.add_argument("--strict", action="store_true", help="a bad model is fatal instead of skipped")
+
+
+def add_graph_arg(p: argparse.ArgumentParser) -> None:
+    """``--graph runtime|source``: which graph is cut into bricks."""
+    p.add_argument(
+        "--graph",
+        choices=("runtime", "source"),
+        default=None,
+        help="decompose the graph onnxruntime executes (the default: its fusions and layouts are inside the "
+             "bricks, as in the model run) or the model file's own graph (portable between machines; the default "
+             "with --ray)",
+    )
+    # The flag of earlier releases, now the default.
+    p.add_argument("--runtime-graph", dest="graph", action="store_const", const="runtime", help=argparse.SUPPRESS)
 
 
 def shape_plan(args: argparse.Namespace) -> ShapePlan | None:
@@ -348,10 +362,12 @@ def load_models(args: argparse.Namespace, config: RunnerConfig | None = None) ->
 def load_models_and_sources(args: argparse.Namespace, config: RunnerConfig | None = None) -> tuple[list, list]:
     """The models to decompose and, pairwise, the models to time end to end.
 
-    Both come from one load with the same ``--input-shape`` overrides; with
-    ``--runtime-graph`` the first are the graphs onnxruntime executes (optimised at
-    those shapes, with the session options of ``config``, the run's configuration)
-    and the second the source models, else both lists are the same.
+    Both come from one load with the same shape overrides. With ``--graph runtime``
+    (the default) the first are the graphs onnxruntime executes, optimised at those
+    shapes with the session options of ``config``, the run's configuration; a model
+    whose runtime graph cannot be decomposed is cut from its source graph instead, with
+    a warning naming it. With ``--graph source`` both lists are the same. Which graph
+    each model was cut from is on ``args.graphs`` (source path -> "runtime"|"source").
     """
     from dlbricks.analysis import load_corpus, print_err
 
@@ -363,14 +379,45 @@ def load_models_and_sources(args: argparse.Namespace, config: RunnerConfig | Non
         print_err(f"skipped {e['error']}")
     sources = loaded.models
     models = sources
-    if getattr(args, "runtime_graph", False):
-        from dlbricks.loading.runtime_graph import runtime_models
+    if getattr(args, "graph", "source") in ("runtime", None):
+        from dlbricks.loading.runtime_graph import runtime_models_or_sources
 
-        level = getattr(args, "opt_level", "default")
-        # One model at a time: each is optimised at its own input shapes.
-        models = [m for s in sources for m in runtime_models(
-            [s], config=config, level=level, input_shapes=plan.for_file(s.path) if plan and s.path else None)]
+        models, used = runtime_models_or_sources(
+            sources, config=config, level=getattr(args, "opt_level", "default"),
+            input_shapes_for=(lambda m: plan.for_file(m.path) if plan and m.path else None), on_warning=print_err)
+    else:
+        used = ["source"] * len(sources)
+    args.graphs = {s.path: g for s, g in zip(sources, used)}
     return models, sources
+
+
+def record_graphs(result: dict, graphs: Mapping[str | None, str]) -> None:
+    """Say in an evaluation's result which graph each model was cut from (``graph``:
+    "runtime" or "source", per model and, when all agree, for the run)."""
+    for m in result.get("models", []):
+        m["graph"] = graphs.get(m.get("path"), "source")
+    result["graph"] = run_graph([m["graph"] for m in result.get("models", [])] or list(graphs.values()))
+
+
+def run_graph(per_model: Sequence[str]) -> str:
+    """The graph of a run: the one every model was cut from, else "mixed"."""
+    used = set(per_model)
+    return used.pop() if len(used) == 1 else ("mixed" if used else "source")
+
+
+def graph_models(sources: Sequence, graphs: Sequence[str], config: RunnerConfig | None,
+                 shapes_for: Callable[[Any], Mapping | None] | None = None) -> list:
+    """The models an evaluation decomposed, again: each source model's runtime graph
+    where ``graphs`` says "runtime", else the model itself."""
+    from dlbricks.loading.runtime_graph import runtime_models
+
+    out = []
+    for s, g in zip(sources, graphs):
+        if g == "runtime":
+            out += runtime_models([s], config=config, input_shapes=shapes_for(s) if shapes_for else None)
+        else:
+            out.append(s)
+    return out
 
 
 _allocator_tuned = False

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from dlbricks.commands._common import (
     SCHEMA_VERSION,
     add_bricks_dir_arg,
+    add_graph_arg,
     add_model_args,
     add_output_args,
     add_remeasure_arg,
@@ -47,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_remeasure_arg(p)
     p.add_argument("--jobs", type=positive_int, default=1, help="timing workers at once, each on its own core (default 1)")
     add_bricks_dir_arg(p)
-    p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
+    add_graph_arg(p)
     add_output_args(p)
     add_store_arg(p)
     add_runner_args(p)
@@ -137,8 +138,10 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> i
     from dlbricks.distributed import bench_on_ray, connect, load_corpus_ray
     from dlbricks.quality import assess
 
-    if args.runtime_graph:
-        raise UsageError("--runtime-graph cannot be combined with --ray yet")
+    if args.graph == "runtime":
+        # A runtime graph is specific to a machine's onnxruntime and CPU (its layouts,
+        # e.g. the NCHWc block size), and nodes may differ: Ray cuts the source graph.
+        raise UsageError("--graph runtime cannot be combined with --ray: the nodes decompose the source graph")
     if args.jobs != 1:
         raise UsageError("--jobs does not apply with --ray: each node times one brick at a time")
     if args.workdir:

@@ -8,6 +8,7 @@ from typing import Any
 
 from dlbricks.commands._common import (
     SCHEMA_VERSION,
+    add_graph_arg,
     add_model_args,
     add_output_args,
     add_runner_args,
@@ -18,6 +19,7 @@ from dlbricks.commands._common import (
     model_latencies,
     open_store,
     positive_int,
+    run_graph,
     runner_config,
     time_unit,
 )
@@ -30,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=["sequential", "parallel"], default="sequential",
                    help="sum of bricks, or the critical path through the graph of bricks")
     p.add_argument("--measure-missing", action="store_true", help="benchmark bricks missing from the store first")
-    p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
+    add_graph_arg(p)
     p.add_argument("--bootstrap", type=positive_int, default=400, help="bootstrap replicates for the interval")
     add_output_args(p)
     add_store_arg(p)
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     for p, source, e2e in zip(preds, sources, measured):
         row: dict[str, Any] = p.to_dict()
         row["path"] = row.get("path") or source.path
+        row["graph"] = args.graphs.get(source.path, "source")
         ok = e2e["status"] == "ok"
         row["e2e_s"] = e2e["median_s"] if ok else None
         row["e2e_ci_s"] = [e2e["ci_low_s"], e2e["ci_high_s"]] if ok else None
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         "config_key": config.key(),
         "config": config.to_dict(),
         "call_overhead_ns": overhead,
+        "graph": run_graph([r["graph"] for r in rows]),
         "predictions": rows,
         "precision_check": check.to_dict(),
     }

@@ -14,7 +14,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlbricks.commands._common import add_remeasure_arg, add_runner_args, parse_g_list, print_check, runner_config
+from dlbricks.commands._common import (
+    add_graph_arg,
+    add_remeasure_arg,
+    add_runner_args,
+    parse_g_list,
+    print_check,
+    record_graphs,
+    runner_config,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import Store
@@ -45,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-G", default="1,2,3", metavar="LIST", help="granularities (default 1,2,3)")
     p.add_argument("--store", metavar="PATH", help="results store (default: results.sqlite in the work folder)")
     add_remeasure_arg(p)
-    p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
+    add_graph_arg(p)
     p.add_argument("--json", action="store_true", help="print the evaluation as JSON instead of tables")
     add_runner_args(p)
     p.set_defaults(func=run)
@@ -81,12 +89,13 @@ def run(args: argparse.Namespace) -> int:
     step(f"  {c['layers']} layers, {c['unique_layers']} unique ({c['unique_layer_pct']:.1f}%); unique bricks "
          + ", ".join(f"G={G}: {c['sequences'][str(G)]['unique_sequences']}" for G in Gs))
 
-    bricks_models = models
-    if args.runtime_graph:
-        from dlbricks.loading.runtime_graph import runtime_models
+    bricks_models, used = models, ["source"] * len(models)
+    if args.graph in ("runtime", None):
+        from dlbricks.loading.runtime_graph import runtime_models_or_sources
 
         step("runtime graph: optimising every model with onnxruntime")
-        bricks_models = runtime_models(models, config=config, level=args.opt_level)
+        bricks_models, used = runtime_models_or_sources(models, config=config, level=args.opt_level,
+                                                        on_warning=print_err)
     # Bricks are generated in memory as the measurement engine opens their sessions
     # (`dlbricks generate` writes them to files).
 
@@ -100,19 +109,19 @@ def run(args: argparse.Namespace) -> int:
             config=config,
             seed=args.seed,
             progress=True,
-            e2e_models=models if args.runtime_graph else None,
+            e2e_models=models,
             remeasure_unstable=args.remeasure_unstable,
         )
         if evaluation.check is not None:
             print_check(evaluation.check)
         result = evaluation.to_dict()
-        result["runtime_graph"] = bool(args.runtime_graph)
+        record_graphs(result, {m.path: g for m, g in zip(models, used)})
         result["store"] = str(store_path)
         (work / "evaluation.json").write_text(json.dumps(result, indent=1))
         roofline = None
-        if not args.runtime_graph:  # the cost model has formulas for source-graph ops
+        if 1 in Gs:
             step("roofline: measuring machine peaks, then bounds and what-ifs from the G=1 bricks")
-            roofline = _roofline(models, store, store_path, config)
+            roofline = _roofline(bricks_models, store, store_path, config)
             (work / "roofline.json").write_text(json.dumps(roofline, indent=1))
         html = build_report(analysis, result, store=store, fingerprint=system_fingerprint(), models=bricks_models,
                             roofline=roofline, roofline_source=str(work / "roofline.json"))

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from dlbricks.analysis import print_err
 from dlbricks.commands._common import (
     add_bricks_dir_arg,
+    add_graph_arg,
     add_model_args,
     add_output_args,
     add_remeasure_arg,
@@ -19,6 +20,7 @@ from dlbricks.commands._common import (
     parse_g_list,
     positive_int,
     print_check,
+    record_graphs,
     runner_config,
     time_unit,
 )
@@ -31,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-G", default="1,2,3", metavar="LIST", help="granularities (default 1,2,3)")
     p.add_argument("--no-measure", action="store_true", help="use only what the store has; error if anything is missing")
     add_remeasure_arg(p)
-    p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
+    add_graph_arg(p)
     add_bricks_dir_arg(p)
     p.add_argument("--bootstrap", type=positive_int, default=400, help="bootstrap replicates for intervals")
     add_output_args(p)
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     Gs = parse_g_list(args.G)
     config = runner_config(args)
-    models, sources = load_models_and_sources(args)
+    models, sources = load_models_and_sources(args, config)
     # --no-measure only reads: a mistyped --store is an error, not a new empty store.
     with open_store(args, must_exist=args.no_measure) as store:
         evaluation = evaluate(
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             remeasure_unstable=args.remeasure_unstable,
         )
     result = evaluation.to_dict()
-    result["runtime_graph"] = bool(args.runtime_graph)
+    record_graphs(result, args.graphs)
     result["store"] = str(store.path)
     if evaluation.check is not None:
         print_check(evaluation.check)
@@ -98,7 +100,9 @@ def render_evaluation(result: Mapping[str, Any]) -> str:
     width = max([5, *(len(m["name"]) for m in result["models"])])
     scale, unit = time_unit([m["e2e_s"] for m in result["models"]])
     head = f"  {'model':<{width}} {'e2e ' + unit:>9}" + "".join(f" {'G=' + str(G) + ' seq/par':>17}" for G in Gs)
-    lines.append("normalized latency per model (constructed / end-to-end)")
+    graph = {"runtime": "the graphs onnxruntime executes", "source": "the models' own graphs",
+             "mixed": "runtime graphs; some models' source graphs"}.get(result.get("graph", ""), "")
+    lines.append("normalized latency per model (constructed / end-to-end)" + (f"; bricks cut from {graph}" if graph else ""))
     lines.append(head)
     for m in result["models"]:
         cells = []
@@ -107,6 +111,8 @@ def render_evaluation(result: Mapping[str, Any]) -> str:
             cells.append(f" {g['sequential']['normalized']:>8.3f}/{g['parallel']['normalized']:<8.3f}" if g else " " * 18)
         mark = "!" if m.get("flagged") else " "
         flags = ("  " + "; ".join(m["flags"])) if m.get("flags") else ""
+        if result.get("graph") == "mixed" and m.get("graph") == "source":
+            flags += "  (cut from its source graph)"
         lines.append(f"{mark} {m['name']:<{width}} {m['e2e_s'] / scale:>9.3f}" + "".join(cells) + flags)
     reuse = result.get("reuse") or {}
     if reuse.get("bricks_total") is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dlbricks.commands._common import add_model_args, emit, positive_int
+from dlbricks.commands._common import add_graph_arg, add_model_args, emit, positive_int, run_graph
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,8 +15,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", "--output-dir", dest="output_dir", required=True, metavar="DIR",
                    help="folder for the bricks (the command's output)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
-    p.add_argument("--runtime-graph", action="store_true", help="decompose the graph onnxruntime executes")
-    p.add_argument("--opt-level", choices=["default", "basic", "extended", "all"], default="default")
+    add_graph_arg(p)
+    p.add_argument("--opt-level", choices=["default", "basic", "extended", "all"], default="default",
+                   help="onnxruntime's graph optimisation level for the runtime graph")
     p.add_argument("--no-check", action="store_true", help="skip the full ONNX check of each brick")
     p.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
     p.set_defaults(func=run)
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         "G": args.G,
         "output_dir": args.output_dir,
         "models": len(models),
+        "graph": run_graph(list(args.graphs.values())),
         "bricks": len(infos),
         "weight_bytes": sum(i.weight_bytes for i in infos),
         "manifest": f"{args.output_dir}/manifest.json",

@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlbricks.commands._common import add_model_args, add_store_arg, parse_g_list, require_store, shape_plan
+from dlbricks.commands._common import (
+    add_model_args,
+    add_store_arg,
+    graph_models,
+    parse_g_list,
+    require_store,
+    shape_plan,
+)
 from dlbricks.errors import UsageError
 
 
@@ -102,14 +109,16 @@ def _from_models(args: argparse.Namespace, analysis: dict | None, evaluation: di
         analysis = analyze(loaded.models, Gs)
         analysis["errors"] = loaded.errors
     models = loaded.models
-    if evaluation and evaluation.get("runtime_graph"):
-        # The evaluation timed the bricks of the graphs onnxruntime executes.
-        from dlbricks.loading.runtime_graph import runtime_models
+    if evaluation:
+        # The models the evaluation decomposed: runtime graphs where it says so.
         from dlbricks.timing import RunnerConfig
 
+        by_path = {m.get("path"): m.get("graph") for m in evaluation.get("models", [])}
+        default = "runtime" if evaluation.get("runtime_graph") else evaluation.get("graph", "source")
+        graphs = [by_path.get(m.path) or default for m in models]
         # The evaluation's configuration, without its cores: they may not exist here,
         # and pinning does not change the optimised graph.
         config = RunnerConfig.from_dict({**(evaluation.get("config") or {}), "cores": None})
-        models = [r for m in models for r in runtime_models(
-            [m], config=config, input_shapes=plan.for_file(m.path) if plan and m.path else None)]
+        models = graph_models(models, graphs, config,
+                              shapes_for=lambda m: plan.for_file(m.path) if plan and m.path else None)
     return analysis, models

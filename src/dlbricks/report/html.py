@@ -81,8 +81,11 @@ def build_report(
     if evaluation is not None:
         inputs += [("system id", evaluation.get("system_id")), ("config key", evaluation.get("config_key")),
                    ("G", ", ".join(str(g) for g in evaluation.get("G", [])))]
-        if evaluation.get("runtime_graph"):
-            inputs.append(("decomposed", "the graph onnxruntime executes (--runtime-graph)"))
+        graph = "runtime" if evaluation.get("runtime_graph") else evaluation.get("graph")
+        if graph:
+            inputs.append(("decomposed", {"runtime": "the graphs onnxruntime executes",
+                                          "source": "the models' own graphs (--graph source)",
+                                          "mixed": "runtime graphs, source graphs where those failed"}.get(graph, graph)))
     elif analysis is not None:
         inputs.append(("G", ", ".join(str(g) for g in analysis.get("G", []))))
     if store is not None:

@@ -35,6 +35,14 @@ def test_quick_measurement_returns_positive_plausible_rates(quick_peaks):
     assert p.elapsed_s > 0
 
 
+def test_quick_measurement_has_an_int8_matmul_peak(quick_peaks):
+    p = quick_peaks
+    assert p.int8_gops is not None and math.isfinite(p.int8_gops) and 0.1 < p.int8_gops < 1e6
+    assert p.int8_gops == max(p.int8_gops_by_size.values())
+    assert set(p.int8_gops_by_size) == set(p.gflops_by_size)
+    assert p.int8_ridge_point == pytest.approx(p.int8_gops / p.bandwidth_gbs)
+
+
 def test_stream_arrays_are_larger_than_the_last_level_cache(quick_peaks):
     p = quick_peaks
     assert p.stream_bytes >= 64 << 20
@@ -151,7 +159,7 @@ def counting_measure(monkeypatch):
     def fake(threads: int = 1, cores=None, quick: bool = False) -> Peaks:
         calls.append((threads, cores, quick))
         return Peaks(threads=threads, gflops=10.0 + len(calls), copy_gbs=5.0, triad_gbs=6.0,
-                     ort_scale_gbs=4.0, ort_add_gbs=3.0, quick=quick,
+                     ort_scale_gbs=4.0, ort_add_gbs=3.0, int8_gops=40.0, quick=quick,
                      cores=list(cores) if cores is not None else None)
 
     monkeypatch.setattr(peaks_mod, "measure_peaks", fake)
@@ -182,6 +190,18 @@ def test_cached_quick_peaks_do_not_satisfy_a_full_request(tmp_path, counting_mea
     assert not full.quick and len(counting_measure) == 2
     again = load_or_measure_peaks(tmp_path, "m", quick=True)  # a full result serves quick
     assert again == full and len(counting_measure) == 2
+
+
+def test_cached_peaks_without_the_int8_peak_are_remeasured(tmp_path, counting_measure):
+    load_or_measure_peaks(tmp_path, "m")
+    (path,) = tmp_path.glob("peaks-*.json")
+    old = json.loads(path.read_text())
+    del old["int8_gops"], old["int8_gops_by_size"]  # written before the int8 peak existed
+    path.write_text(json.dumps(old))
+    assert Peaks.from_dict(old).int8_gops is None and Peaks.from_dict(old).int8_ridge_point is None
+    p = load_or_measure_peaks(tmp_path, "m")
+    assert len(counting_measure) == 2 and p.int8_gops == 40.0
+    assert json.loads(path.read_text())["int8_gops"] == 40.0
 
 
 def test_corrupt_cache_is_remeasured_and_replaced(tmp_path, counting_measure, capsys):

@@ -35,8 +35,9 @@ US = 1e-6
 CONV0, RELU1, CONVA, CONVB, ADD4 = range(5)
 
 
-def hand_peaks(gflops: float = 100.0, gbs: float = 10.0, llc: int = 1 << 20) -> Peaks:
+def hand_peaks(gflops: float = 100.0, gbs: float = 10.0, llc: int = 1 << 20, int8: float | None = 400.0) -> Peaks:
     return Peaks(threads=1, gflops=gflops, copy_gbs=gbs, triad_gbs=gbs, ort_scale_gbs=gbs, ort_add_gbs=gbs,
+                 int8_gops=int8,
                  caches=[CacheLevel(level=3, type="Unified", size_bytes=llc, shared_cpus=2, line_bytes=64)])
 
 

@@ -4,6 +4,13 @@
   ``intra_op_num_threads = threads``, at a few square sizes; the best of several
   repetitions at the best size. Small sizes that fit in L2 run closest to the FMA
   peak, so several are tried rather than one large one.
+* **Int8 compute** (``int8_gops``): the same with MatMulInteger of a uint8
+  activation and a constant int8 weight (int32 out), the MLAS kernel that
+  onnxruntime's quantized contractions run (QLinearConv, QLinearMatMul, QGemm,
+  MatMulIntegerToFloat, DynamicQuantizeMatMul: VNNI where the CPU has it), counted
+  as 2 ops a multiply-accumulate. The roofline bounds int ops by it. Peaks from
+  before it existed read it as None; :func:`load_or_measure_peaks` then measures
+  again.
 * **Bandwidth**, on arrays at least four times the last-level cache, counting bytes
   the STREAM way (arrays read plus arrays written; write-allocate traffic is not
   counted):
@@ -85,6 +92,8 @@ class Peaks:
     ort_scale_gbs: float
     ort_add_gbs: float
     gflops_by_size: dict[str, float] = field(default_factory=dict)  # MatMul n -> GFLOP/s
+    int8_gops: float | None = None  # MatMulInteger u8 x s8, GOP/s; None: not measured
+    int8_gops_by_size: dict[str, float] = field(default_factory=dict)  # MatMulInteger n -> GOP/s
     stream_bytes: int = 0  # bytes of one bandwidth array
     caches: list[CacheLevel] = field(default_factory=list)
     cores: list[int] | None = None  # CPUs the measurement was pinned to
@@ -110,6 +119,11 @@ class Peaks:
         """Arithmetic intensity (FLOP/byte) where compute and memory bounds meet."""
         return self.gflops / self.bandwidth_gbs
 
+    @property
+    def int8_ridge_point(self) -> float | None:
+        """The same for int8 work (op/byte); None when the int8 peak was not measured."""
+        return None if self.int8_gops is None else self.int8_gops / self.bandwidth_gbs
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (what a store keeps)."""
         d = asdict(self)
@@ -130,6 +144,9 @@ class Peaks:
         kwargs = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         kwargs["caches"] = [CacheLevel.from_dict(c) for c in d.get("caches", [])]
         kwargs["gflops_by_size"] = {str(k): float(v) for k, v in d.get("gflops_by_size", {}).items()}
+        kwargs["int8_gops_by_size"] = {str(k): float(v) for k, v in (d.get("int8_gops_by_size") or {}).items()}
+        if kwargs.get("int8_gops") is not None:
+            kwargs["int8_gops"] = float(kwargs["int8_gops"])
         if kwargs.get("cores") is not None:
             kwargs["cores"] = [int(c) for c in kwargs["cores"]]
         return cls(**kwargs)
@@ -212,14 +229,15 @@ def cache_levels(sys_root: str | os.PathLike[str] | None = None) -> list[CacheLe
 
 
 def _model(op: str, inputs: Sequence[tuple[str, list[int]]], out_shape: list[int],
-           initializers: Sequence[Any] = ()) -> bytes:
-    from onnx import TensorProto, helper
+           initializers: Sequence[Any] = (), *, in_type: int = 1, out_type: int = 1) -> bytes:
+    """One-node model; ``in_type``/``out_type`` are TensorProto element types (FLOAT)."""
+    from onnx import helper
 
     names = [n for n, _ in inputs] + [t.name for t in initializers]
     graph = helper.make_graph(
         [helper.make_node(op, names, ["y"])], f"peaks_{op}",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        [helper.make_tensor_value_info(n, in_type, s) for n, s in inputs],
+        [helper.make_tensor_value_info("y", out_type, out_shape)],
         initializer=list(initializers),
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -259,6 +277,19 @@ def _matmul_gflops(n: int, cfg: RunnerConfig, reps: int, budget_s: float) -> flo
     a = rng.random((n, n), dtype=np.float32)
     b = rng.random((n, n), dtype=np.float32)
     bound = _ort(_model("MatMul", [("a", [n, n]), ("b", [n, n])], [n, n]), cfg, {"a": a, "b": b})
+    return 2.0 * n**3 / _best_time(bound, reps, budget_s) / 1e9
+
+
+def _matmul_int8_gops(n: int, cfg: RunnerConfig, reps: int, budget_s: float) -> float:
+    from onnx import TensorProto, numpy_helper
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (n, n), dtype=np.uint8)
+    # A constant weight, as in a quantized model: onnxruntime packs it once, at load.
+    b = numpy_helper.from_array(rng.integers(-128, 128, (n, n), dtype=np.int8), "b")
+    model = _model("MatMulInteger", [("a", [n, n])], [n, n], [b], in_type=TensorProto.UINT8,
+                   out_type=TensorProto.INT32)
+    bound = _ort(model, cfg, {"a": a})
     return 2.0 * n**3 / _best_time(bound, reps, budget_s) / 1e9
 
 
@@ -348,6 +379,7 @@ def measure_peaks(threads: int = 1, cores: Sequence[int] | None = None, quick: b
         caches = cache_levels()
         sizes, reps, budget = ((128, 256, 512), 4, 0.3) if quick else ((256, 512, 1024), 20, 2.0)
         by_size = {str(n): _matmul_gflops(n, cfg, reps, budget) for n in sizes}
+        int8_by_size = {str(n): _matmul_int8_gops(n, cfg, reps, budget) for n in sizes}
         usable = [c.size_bytes for c in caches if c.type != "Instruction"]
         llc = max(usable) if usable else 32 << 20
         # Four times the LLC so each array streams from DRAM; at least 64 MiB in
@@ -356,6 +388,7 @@ def measure_peaks(threads: int = 1, cores: Sequence[int] | None = None, quick: b
         bw = _stream(nbytes // 4, cfg, 3 if quick else 20, 0.5 if quick else 3.0)
         return Peaks(
             threads=threads, gflops=max(by_size.values()), gflops_by_size=by_size,
+            int8_gops=max(int8_by_size.values()), int8_gops_by_size=int8_by_size,
             stream_bytes=nbytes, caches=caches, cores=sorted(cores) if cores is not None else None,
             quick=quick, elapsed_s=time.perf_counter() - t0, context=_context(), copy_gbs=bw["copy_gbs"],
             triad_gbs=bw["triad_gbs"], ort_scale_gbs=bw["ort_scale_gbs"], ort_add_gbs=bw["ort_add_gbs"],
@@ -379,7 +412,8 @@ def load_or_measure_peaks(
 
     The cache file is keyed by ``fingerprint_id`` (the caller's machine fingerprint),
     ``threads`` and ``cores``. A cached quick measurement does not satisfy a request
-    for a full one; an unreadable or stale file is replaced.
+    for a full one, nor one without the int8 peak (written before it was measured);
+    an unreadable or stale file is replaced.
 
     Args:
         store_dir: directory for the cache files; None measures without caching.
@@ -402,7 +436,7 @@ def load_or_measure_peaks(
     try:
         cached = Peaks.from_dict(json.loads(path.read_text()))
         if (cached.fingerprint == fingerprint_id and cached.threads == threads
-                and (quick or not cached.quick)):
+                and (quick or not cached.quick) and cached.int8_gops is not None):
             return cached
     except FileNotFoundError:
         pass

@@ -13,12 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, shape_inference
 
+from dlbricks.model import ConstInput, Layer, TensorType
 from dlbricks.roofline.costmodel import (
     LayerCost,
     ModelCost,
     conv_output_spatial,
     conv_transpose_output_spatial,
     efficiency,
+    int8_unbounded,
     layer_cost,
     layer_from_node,
     model_cost,
@@ -26,7 +28,6 @@ from dlbricks.roofline.costmodel import (
     roofline_terms,
     supported_ops,
 )
-from dlbricks.model import ConstInput, Layer, TensorType
 from dlbricks.roofline.peaks import Peaks
 
 F = TensorProto.FLOAT
@@ -211,16 +212,35 @@ def test_matmul_with_vector_operands():
     assert cost("MatMul", [T(4), T(3, 4, 6)], [None]).macs == 3 * 6 * 4
 
 
-def test_quantized_contractions_use_the_float_formulas():
+U8, I8, I32 = TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32
+
+
+def test_quantized_contractions_count_int_ops_and_requantisation():
     # QLinearMatMul: a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp.
-    u8 = TensorProto.UINT8
-    s, z = T(), T(elem=u8)
-    q = cost("QLinearMatMul", [T(3, 4, elem=u8), s, z, T(4, 5, elem=u8), s, z, s, z],
-             [T(3, 5, elem=u8)], [1, 2, 3, 4, 5, 6, 7])
+    s, z = T(), T(elem=U8)
+    q = cost("QLinearMatMul", [T(3, 4, elem=U8), s, z, T(4, 5, elem=U8), s, z, s, z],
+             [T(3, 5, elem=U8)], [1, 2, 3, 4, 5, 6, 7])
     assert q.macs == 60
-    ci = cost("ConvInteger", [T(1, 2, 5, 5, elem=u8), T(4, 2, 3, 3, elem=u8)],
-              [T(1, 4, 3, 3, elem=TensorProto.INT32)], [1])
+    assert q.int_ops == 2 * 60 and q.flops == 5 * 15  # requantise each of the 15 outputs
+    ci = cost("ConvInteger", [T(1, 2, 5, 5, elem=U8), T(4, 2, 3, 3, elem=U8)],
+              [T(1, 4, 3, 3, elem=I32)], [1])
     assert ci.macs == 4 * 9 * 2 * 9
+    assert ci.int_ops == 2 * ci.macs and ci.flops == 0  # int32 out: nothing to rescale
+    mi = cost("MatMulInteger", [T(2, 8, elem=U8), T(8, 3, elem=I8)], [T(2, 3, elem=I32)], [1])
+    assert (mi.macs, mi.int_ops, mi.flops) == (48, 96, 0)
+    # 8-bit tensors count one byte an element.
+    assert q.input_bytes == 12 and q.weight_bytes == 20 + 3 * 4 + 3 * 1 and q.output_bytes == 15
+    assert mi.bytes_min == 16 + 24 + 6 * 4
+
+
+def test_a_qdq_group_conv_on_8_bit_tensors_counts_int_ops():
+    # A QDQ group keeps the op's type with the quantized tensors in its slots.
+    x, w, b, y = T(1, 2, 5, 5, elem=U8), T(4, 2, 3, 3, elem=I8), T(4, elem=I32), T(1, 4, 3, 3, elem=U8)
+    c = cost("Conv", [x, w, b], [y], [1, 2])
+    assert c.macs == 4 * 9 * 2 * 9 == 648
+    assert c.int_ops == 2 * 648 + 36 and c.flops == 5 * 36
+    f = cost("Conv", [T(1, 2, 5, 5), T(4, 2, 3, 3), T(4)], [T(1, 4, 3, 3)], [1, 2])
+    assert f.int_ops == 0 and f.flops == 2 * 648 + 36
 
 
 # --------------------------------------------------------------------------- pools, norms
@@ -461,6 +481,211 @@ def test_layer_cost_rejects_non_layers():
         layer_cost(helper.make_node("Relu", ["x"], ["y"]))  # type: ignore[arg-type]
 
 
+# --------------------------------------------------------------------------- onnxruntime's kernels
+# The ops onnxruntime writes into the graph it executes (runtime-graph decomposition).
+
+MS, NCHWC = "com.microsoft", "com.microsoft.nchwc"
+
+
+def test_nchwc_conv_counts_bias_sum_and_fused_activation_per_output():
+    x, w, b, y = T(1, 16, 5, 5), T(16, 16, 3, 3), T(16), T(1, 16, 5, 5)
+    attrs = dict(domain=NCHWC, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    macs = 16 * 25 * 16 * 9
+    c = cost("Conv", [x, w, b, y], [y], [1, 2], activation="Relu", **attrs)  # Sum: the residual
+    assert c.kind == "com.microsoft.nchwc::Conv"
+    assert c.macs == macs == 57_600
+    assert c.flops == 2 * macs + 400 + 400 + 400  # bias, Sum, Relu per output
+    assert c.input_bytes == 2 * x.nbytes and c.weight_bytes == nbytes(w, b) and c.output_bytes == y.nbytes
+    plain = cost("Conv", [x, w, b], [y], [1, 2], **attrs)
+    assert plain.flops == 2 * macs + 400
+    hard = cost("Conv", [x, w, b], [y], [1, 2], activation="HardSigmoid", activation_params=[0.2, 0.5], **attrs)
+    assert hard.flops == 2 * macs + 400 + 4 * 400
+    unknown = layer_cost(mk("Conv", [x, w, b], [y], [1, 2], activation="Swish", **attrs))
+    assert not unknown.has_formula and unknown.bytes_min == nbytes(x, w, b, y)
+
+
+def test_nchwc_conv_counts_the_channels_padded_to_the_block():
+    # 10 output channels padded to a block of 16: the reordered weight and Y carry 16.
+    c = cost("Conv", [T(1, 3, 8, 8), T(16, 3, 3, 3), T(16)], [T(1, 16, 6, 6)], [1, 2], domain=NCHWC,
+             kernel_shape=[3, 3])
+    assert c.macs == 16 * 36 * 3 * 9
+    # The reorders are copies: no arithmetic, the blocked and the plain tensor moved.
+    out = cost("ReorderOutput", [T(1, 16, 6, 6)], [T(1, 10, 6, 6)], domain=NCHWC, channels=10)
+    assert out.flops == out.macs == 0 and out.bytes_min == 16 * 36 * 4 + 10 * 36 * 4
+    inp = cost("ReorderInput", [T(1, 10, 6, 6)], [T(1, 16, 6, 6)], domain=NCHWC)
+    assert inp.flops == 0 and inp.bytes_min == out.bytes_min
+
+
+def test_nchwc_pools_and_upsample_use_the_standard_formulas():
+    assert cost("MaxPool", [T(1, 16, 6, 6)], [T(1, 16, 4, 4)], domain=NCHWC, kernel_shape=[3, 3]).flops == 256 * 9
+    assert cost("AveragePool", [T(1, 16, 6, 6)], [T(1, 16, 4, 4)], domain=NCHWC, kernel_shape=[3, 3]).flops == 2304
+    assert cost("GlobalAveragePool", [T(1, 16, 7, 7)], [T(1, 16, 1, 1)], domain=NCHWC).flops == 784
+    up = cost("Upsample", [T(1, 16, 2, 2)], [T(1, 16, 4, 4)], domain=NCHWC, scales=[1, 1, 2, 2], mode="linear")
+    assert up.flops == 256 * 2 * 4
+
+
+def test_fused_conv_adds_z_and_its_activation():
+    x, w, b, z = T(1, 4, 6, 6), T(8, 4, 1, 1), T(8), T(1, 8, 6, 6)
+    c = cost("FusedConv", [x, w, b, z], [z], [1, 2], domain=MS, activation="LeakyRelu", activation_params=[0.1])
+    assert c.macs == 288 * 4
+    assert c.flops == 2 * 1152 + 288 + 288 + 2 * 288
+
+
+def test_fused_gemm_and_gemm_fast_gelu_add_their_activation_per_output():
+    a, b, c_, y = T(3, 4), T(5, 4), T(5), T(3, 5)
+    g = cost("FusedGemm", [a, b, c_], [y], [1, 2], domain=MS, transB=1, activation="Relu")
+    assert g.macs == 60 and g.flops == 120 + 15 + 15
+    f = cost("GemmFastGelu", [a, T(4, 5), c_], [y], [1, 2], domain=MS)
+    assert f.macs == 60 and f.flops == 120 + 15 + 15 * 9
+
+
+def test_fused_matmul_transposes_and_scales():
+    b, y = T(2, 3, 5, 6), T(2, 3, 4, 6)
+    # K = 5 in each layout: A [.., K, M] (transA), [K, .., M] (transBatchA too), [M, .., K].
+    for a, attrs in ((T(2, 3, 5, 4), dict(transA=1)), (T(5, 2, 3, 4), dict(transA=1, transBatchA=1)),
+                     (T(4, 2, 3, 5), dict(transBatchA=1)), (T(2, 3, 4, 5), {})):
+        c = cost("FusedMatMul", [a, b], [y], domain=MS, **attrs)
+        assert c.macs == 144 * 5, attrs
+        assert c.flops == 2 * 720
+    scaled = cost("FusedMatMul", [T(2, 3, 4, 5), b], [y], domain=MS, alpha=0.125)
+    assert scaled.flops == 2 * 720 + 144
+
+
+@pytest.mark.parametrize(("op", "ins", "per"), [
+    ("Gelu", 1, 5), ("BiasGelu", 2, 6), ("QuickGelu", 1, 6), ("FastGelu", 1, 9), ("FastGelu", 2, 10),
+    ("BiasAdd", 3, 2),
+])
+def test_onnxruntime_activations_cost_a_fixed_count_per_element(op, ins, per):
+    x = T(2, 3, 5)
+    c = cost(op, [x, T(5), x][:ins], [x], [1] if ins > 1 else [], domain=MS)
+    assert c.flops == 30 * per
+
+
+def test_cumsum_adds_once_per_element():
+    assert cost("CumSum", [T(2, 3, 5), T(elem=I64)], [T(2, 3, 5)], [1]).flops == 30
+
+
+def test_skip_and_simplified_layer_norms_per_element_counts():
+    x, p = T(2, 3, 4), T(4)
+    assert cost("SkipLayerNormalization", [x, x, p, p, p], [x], [2, 3, 4], domain=MS).flops == 10 * 24
+    assert cost("SkipLayerNormalization", [x, x, p], [x], [2], domain=MS).flops == 8 * 24
+    assert cost("SimplifiedLayerNormalization", [x, p], [x], [1]).flops == 4 * 24
+    assert cost("SkipSimplifiedLayerNormalization", [x, x, p, p], [x], [2, 3], domain=MS).flops == 6 * 24
+    sk = cost("SkipLayerNormalization", [x, x, p, p, p], [x], [2, 3, 4], domain=MS)
+    assert sk.input_bytes == 2 * x.nbytes and sk.weight_bytes == 3 * p.nbytes
+
+
+def test_attention_counts_projection_scores_and_softmax():
+    x, w, b, y = T(1, 4, 8), T(8, 24), T(24), T(1, 4, 8)
+    c = cost("Attention", [x, w, b], [y], [1, 2], domain=MS, num_heads=2)
+    # projection 4*8*24; 2 heads of 4 over 4 keys: 32 scores, (4 + 4) MACs each.
+    assert c.macs == 768 + 32 * 8 == 1024
+    assert c.flops == 2 * 1024 + 32 * 6 + 4 * 24  # scale and softmax per score; the bias
+    masked = cost("Attention", [x, w, b, T(1, elem=I32)], [y], [1, 2], domain=MS, num_heads=2)
+    assert masked.flops == c.flops + 32
+    past = cost("Attention", [x, w, b, None, T(2, 1, 2, 3, 4)], [y, T(2, 1, 2, 7, 4)], [1, 2], domain=MS,
+                num_heads=2)
+    assert past.macs == 768 + 56 * 8 and past.flops == 2 * past.macs + 56 * 6 + 96
+
+
+def test_multi_head_attention_counts_scores_over_the_keys():
+    q, kv, y = T(1, 4, 8), T(1, 6, 8), T(1, 4, 8)
+    c = cost("MultiHeadAttention", [q, kv, kv], [y], domain=MS, num_heads=2)
+    assert c.macs == 2 * 4 * 6 * (4 + 4) == 384
+    assert c.flops == 768 + 48 * 6
+    biased = cost("MultiHeadAttention", [q, kv, kv, T(24)], [y], [3], domain=MS, num_heads=2)
+    assert biased.flops == c.flops + 4 * 24
+
+
+def test_channels_last_qlinear_conv_counts_int_ops_and_int8_bytes():
+    s, zu, x = T(), T(elem=U8), T(1, 5, 5, 2, elem=U8)
+    w, ws, wz, b, y = T(4, 2, 3, 3, elem=I8), T(4), T(4, elem=I8), T(4, elem=I32), T(1, 3, 3, 4, elem=U8)
+    c = cost("QLinearConv", [x, s, zu, w, ws, wz, s, zu, b], [y], range(1, 9), domain=MS, channels_last=1,
+             kernel_shape=[3, 3])
+    assert c.macs == 36 * 2 * 9 == 648
+    assert c.int_ops == 2 * 648 + 36  # + the int32 bias
+    assert c.flops == 5 * 36  # requantised outputs
+    assert c.input_bytes == 50 and c.output_bytes == 36
+    assert c.weight_bytes == 72 + 16 + 4 + 16 + 2 * 4 + 2 * 1  # w, its scales and zero points, bias; x's, y's
+
+
+def test_quantized_gemm_and_matmuls_to_float():
+    s, zu, zi = T(), T(elem=U8), T(elem=I8)
+    a, b = T(2, 8, elem=U8), T(8, 3, elem=I8)
+    q = cost("QGemm", [a, s, zu, b, s, zi, T(3, elem=I32), s, zu], [T(2, 3, elem=U8)], range(1, 9), domain=MS)
+    assert (q.macs, q.int_ops, q.flops) == (48, 96 + 6, 5 * 6)
+    qf = cost("QGemm", [a, s, zu, b, s, zi], [T(2, 3)], range(1, 6), domain=MS)
+    assert (qf.int_ops, qf.flops) == (96, 6)  # float out: one multiply by the scales
+    m = cost("MatMulIntegerToFloat", [a, b, s, s, zu, zi, T(3)], [T(2, 3)], range(1, 7), domain=MS)
+    assert (m.macs, m.int_ops, m.flops) == (48, 96, 6 + 6)
+    d = cost("DynamicQuantizeMatMul", [T(2, 8), b, s, zi, T(3)], [T(2, 3)], range(1, 5), domain=MS)
+    assert (d.macs, d.int_ops) == (48, 96)
+    assert d.flops == 6 + 6 + 7 * 16  # scale, bias; A quantized in the kernel (min, max, quantize)
+    assert d.input_bytes == 16 * 4 and d.weight_bytes == 24 + 4 + 1 + 12
+
+
+def test_quantize_dequantize_and_quantized_elementwise_ops():
+    s, zu = T(), T(elem=U8)
+    xf, xq = T(2, 8), T(2, 8, elem=U8)
+    assert cost("QuantizeLinear", [xf, s, zu], [xq], [1, 2]).flops == 5 * 16
+    assert cost("DequantizeLinear", [xq, s, zu], [xf], [1, 2]).flops == 2 * 16
+    dq = cost("DynamicQuantizeLinear", [xf], [xq, s, zu])
+    assert dq.flops == 7 * 16 and dq.bytes_min == 64 + 16 + 4 + 1
+    add = cost("QLinearAdd", [xq, s, zu, xq, s, zu, s, zu], [xq], [1, 2, 4, 5, 6, 7], names=[
+        "a", "as", "az", "b", "bs", "bz", "cs", "cz"], domain=MS)
+    assert add.flops == 10 * 16 and add.int_ops == 0 and add.activation_bytes == 3 * 16
+    gap = cost("QLinearGlobalAveragePool", [T(1, 7, 7, 4, elem=U8), s, zu, s, zu], [T(1, 1, 1, 4, elem=U8)],
+               [1, 2, 3, 4], domain=MS, channels_last=1)
+    assert (gap.int_ops, gap.flops) == (196, 20)
+    assert cost("QLinearSigmoid", [xq, s, zu, s, zu], [xq], [1, 2, 3, 4], domain=MS).flops == 0  # a lookup
+
+
+def test_pools_over_8_bit_data_count_int_ops():
+    x, y = T(1, 6, 6, 2, elem=U8), T(1, 4, 4, 2, elem=U8)
+    q = cost("NhwcMaxPool", [x], [y], domain=MS, kernel_shape=[3, 3])
+    assert (q.int_ops, q.flops) == (32 * 9, 0)
+    f = cost("NhwcMaxPool", [T(1, 6, 6, 2)], [T(1, 4, 4, 2)], domain=MS, kernel_shape=[3, 3])
+    assert (f.int_ops, f.flops) == (0, 288)
+
+
+def test_embed_layer_norm_reads_only_the_rows_it_looks_up():
+    ids, word, pos, seg, p = T(1, 4, elem=I32), T(100, 8), T(16, 8), T(2, 8), T(8)
+    y, mask = T(1, 4, 8), T(1, elem=I32)
+    c = cost("EmbedLayerNormalization", [ids, ids, word, pos, seg, p, p], [y, mask], [2, 3, 4, 5, 6],
+             names=["ids", "seg_ids", "w", "pos", "seg", "g", "b"], domain=MS)
+    assert c.flops == 32 * (2 + 8)  # three embeddings summed, then LayerNormalization
+    assert c.weight_bytes == 128 + 128 + 64 + 32 + 32  # 4 rows of each table: at most numel(Y)
+    assert c.input_bytes == 32 and c.output_bytes == 128 + 4
+
+
+def test_supported_ops_cover_onnxruntimes_runtime_graphs():
+    ops = set(supported_ops())
+    assert {f"{NCHWC}::{op}" for op in ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "ReorderInput",
+                                         "ReorderOutput", "Upsample")} <= ops
+    assert {f"{MS}::{op}" for op in ("FusedConv", "FusedGemm", "FusedMatMul", "Gelu", "FastGelu", "BiasGelu",
+                                      "QuickGelu", "SkipLayerNormalization", "Attention", "MultiHeadAttention",
+                                      "QLinearConv", "QLinearAdd", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+                                      "QGemm", "NhwcMaxPool", "QLinearGlobalAveragePool")} <= ops
+    assert {"SimplifiedLayerNormalization", "LayerNormalization", "QLinearMatMul", "MatMulInteger",
+            "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear", "CumSum"} <= ops
+    # A kind names its domain: a com.microsoft Relu is not ONNX's Relu.
+    assert "com.microsoft::Relu" not in ops
+
+
+def test_runtime_graph_of_light_resnet50_counts_the_source_graphs_macs():
+    from dlbricks import loading as onnx_io
+    from dlbricks.loading.runtime_graph import runtime_models
+
+    source = onnx_io.load(os.path.join(LIGHT, "light_resnet50.onnx"))
+    (runtime,) = runtime_models([source])
+    kinds = {layer.kind for layer in runtime.layers}
+    assert "com.microsoft.nchwc::Conv" in kinds
+    total = model_cost(runtime.layers)
+    assert total.kinds_without_formula == ()
+    # Every channel count is a multiple of the block, so NCHWc pads nothing: the same MACs.
+    assert total.macs == model_cost(source.layers).macs
+
+
 # --------------------------------------------------------------------------- totals, roofline
 
 
@@ -494,6 +719,28 @@ def test_roofline_bound_is_the_max_of_compute_and_memory_time():
     memory_bound = _peaks(gflops=1000.0, bw=0.5)  # 0.002 s vs 2 s
     assert roofline_bound(c, memory_bound) == pytest.approx(2.0)
     assert roofline_bound(c, memory_bound, bandwidth_gbs=4.0) == pytest.approx(0.25)
+
+
+def test_int_ops_are_bounded_by_the_int8_peak_and_add_to_the_float_time():
+    c = LayerCost("com.microsoft::QLinearConv", flops=10**9, macs=4 * 10**9, input_bytes=0, weight_bytes=0,
+                  output_bytes=0, bytes_min=10**8, has_formula=True, int_ops=8 * 10**9)
+    assert c.ops == 9 * 10**9 and c.arithmetic_intensity == pytest.approx(90.0)
+    p = _peaks(gflops=100.0, bw=10.0)
+    p.int8_gops = 400.0  # 0.01 s of float work and 0.02 s of int8 work share the vector units
+    assert roofline_terms(c, p) == pytest.approx((0.03, 0.01))
+    assert roofline_bound(c, p) == pytest.approx(0.03) and not int8_unbounded(c, p)
+    p.int8_gops = None  # peaks measured before the int8 peak existed: int ops are not bounded
+    assert roofline_terms(c, p) == pytest.approx((0.01, 0.01)) and int8_unbounded(c, p)
+    assert not int8_unbounded(LayerCost("Conv", 1, 0, 0, 0, 0, 1, True), p)
+    p.int8_gops = 0.0
+    with pytest.raises(ValueError, match="int8"):
+        roofline_terms(c, p)
+
+
+def test_layer_costs_from_before_int_ops_read_as_zero_int_ops():
+    d = cost("Relu", [T(4)], [T(4)]).to_dict()
+    del d["int_ops"]
+    assert LayerCost.from_dict(d).int_ops == 0
 
 
 def test_roofline_uses_the_best_measured_bandwidth_and_rejects_zero_peaks():

@@ -5,11 +5,22 @@ types of a :class:`~dlbricks.model.Layer` and the attributes of its node; nothin
 is run. Conventions, shared by every formula:
 
 * **MACs** count the multiply-accumulates of an op's contraction (Conv,
-  ConvTranspose, Gemm, MatMul and their integer/quantized forms, the gate
-  products of LSTM/GRU/RNN). They are 0 for ops without a contraction.
-* **FLOPs** count one multiply-add as 2 FLOPs; every other arithmetic step
-  (add, multiply, compare, select, divide) and every transcendental (exp, log,
-  tanh, erf, sqrt, pow) counts 1 FLOP.
+  ConvTranspose, Gemm, MatMul, their fused, blocked-layout and integer/quantized
+  forms, attention's two products, the gate products of LSTM/GRU/RNN). They are 0
+  for ops without a contraction.
+* **FLOPs** count floating-point work: one multiply-add as 2 FLOPs; every other
+  arithmetic step (add, multiply, compare, select, divide, round) and every
+  transcendental (exp, log, tanh, erf, sqrt, pow) counts 1 FLOP. A kernel that
+  onnxruntime fused counts the op it replaces plus what it absorbed (FusedConv's
+  activation, NCHWc Conv's ``Sum`` input, SkipLayerNormalization's skip add).
+* **int ops** count the integer work of quantized kernels, on the same scale: the
+  8-bit multiply-accumulates of a quantized contraction (ConvInteger, MatMulInteger,
+  QLinearConv, QLinearMatMul, QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul,
+  and a QDQ group's Conv/MatMul/Gemm on 8-bit tensors) as 2 each, their int32 bias
+  add, the taps of a pool over 8-bit data. What such a kernel does in float (the
+  requantisation of each output, quantizing a float input) is FLOPs. The roofline
+  bounds int ops by the measured int8 peak
+  (:attr:`~dlbricks.roofline.peaks.Peaks.int8_gops`), FLOPs by the float one.
 * Only per-element work is counted. Scalar work done once per row, channel or
   group (adding epsilon, a square root of a variance, the log of a row sum,
   folding BatchNormalization's four vectors into one scale and shift) is O(groups)
@@ -17,12 +28,16 @@ is run. Conventions, shared by every formula:
 * Zero padding is counted as real work (a padded Conv tap is one MAC), as is
   conventional for published GMAC figures.
 * **bytes_min** is the traffic a layer cannot avoid: each distinct input (by
-  tensor name), constant, and output counted once, from ``TensorType.nbytes``.
+  tensor name), constant, and output counted once, from ``TensorType.nbytes`` (so
+  8-bit tensors count one byte an element, and a blocked NCHWc tensor its padded
+  channels).
   Exceptions: view ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout)
   move 0 bytes, because onnxruntime aliases their output to the input buffer (or
   removes the node, as it does for Dropout at inference) so a lower bound must not
-  charge a copy; ops that read a subset of their data (Gather, Slice...) are
-  charged only the elements they can read; Shape and Size read no data.
+  charge a copy; ops that read a subset of their data (Gather, Slice, the tables
+  of EmbedLayerNormalization) are charged only the elements they can read; Shape
+  and Size read no data; the NCHWc reorders are copies, charged what they read
+  and write.
 
 Ops without a formula get ``has_formula=False``: their bytes are still counted,
 their FLOPs are 0, and callers should flag them. The formulas themselves are in
@@ -41,7 +56,7 @@ from dlbricks.roofline.formulas import (
     conv_output_spatial,
     conv_transpose_output_spatial,
     op_bytes,
-    op_flops,
+    op_counts,
     supported_ops,
 )
 
@@ -56,6 +71,7 @@ __all__ = [
     "conv_output_spatial",
     "conv_transpose_output_spatial",
     "efficiency",
+    "int8_unbounded",
     "layer_cost",
     "layer_from_node",
     "model_cost",
@@ -72,7 +88,8 @@ class LayerCost:
     ``input_bytes`` and ``output_bytes`` are activation traffic, ``weight_bytes``
     the constant inputs (weights and params alike). ``bytes_min`` is what the
     roofline uses; it equals their sum except for view ops (0) and ops that read
-    only part of an input (see the module docstring).
+    only part of an input (see the module docstring). ``int_ops`` is the integer
+    work of a quantized kernel, apart from its ``flops``.
     """
 
     kind: str
@@ -83,6 +100,12 @@ class LayerCost:
     output_bytes: int
     bytes_min: int
     has_formula: bool
+    int_ops: int = 0
+
+    @property
+    def ops(self) -> int:
+        """FLOPs and int ops together: the arithmetic a roofline plot places."""
+        return self.flops + self.int_ops
 
     @property
     def activation_bytes(self) -> int:
@@ -91,12 +114,13 @@ class LayerCost:
 
     @property
     def arithmetic_intensity(self) -> float:
-        """FLOPs per byte of ``bytes_min``; 0 when there are no FLOPs, inf when no bytes."""
-        if self.flops == 0:
+        """Operations (:attr:`ops`) per byte of ``bytes_min``; 0 when there are none,
+        inf when no bytes."""
+        if self.ops == 0:
             return 0.0
         if self.bytes_min == 0:
             return math.inf
-        return self.flops / self.bytes_min
+        return self.ops / self.bytes_min
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (derived values included; ``from_dict`` ignores them)."""
@@ -108,8 +132,9 @@ class LayerCost:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LayerCost:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        """Inverse of :meth:`to_dict`; unknown keys are ignored, ``int_ops`` may be
+        missing (0: dicts written before it existed)."""
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 @dataclass(slots=True)
@@ -119,6 +144,7 @@ class ModelCost:
 
     flops: int = 0
     macs: int = 0
+    int_ops: int = 0
     bytes_min: int = 0
     weight_bytes: int = 0
     activation_bytes: int = 0
@@ -132,7 +158,7 @@ class ModelCost:
         d: dict[str, Any] = {
             k: getattr(self, k)
             for k in (
-                "flops", "macs", "bytes_min", "weight_bytes", "activation_bytes",
+                "flops", "macs", "int_ops", "bytes_min", "weight_bytes", "activation_bytes",
                 "n_layers", "n_without_formula",
             )
         }
@@ -149,8 +175,8 @@ def layer_cost(layer: Layer) -> LayerCost:
         layer: a layer with concrete input and output types.
 
     Returns:
-        Its :class:`LayerCost`. Ops outside the default domain, ops without a
-        formula, and layers missing a type a formula needs get
+        Its :class:`LayerCost`. Op kinds without a formula (see
+        :func:`supported_ops`), and layers missing a type a formula needs, get
         ``has_formula=False`` (bytes only, FLOPs 0).
 
     Raises:
@@ -159,12 +185,12 @@ def layer_cost(layer: Layer) -> LayerCost:
     if not isinstance(layer, Layer):
         raise TypeError(f"layer_cost expects a dlbricks Layer, got {type(layer).__name__}")
     inputs, weights, outputs, bytes_min = op_bytes(layer)
-    counted = op_flops(layer)
-    flops, macs = counted if counted is not None else (0, 0)
+    counted = op_counts(layer)
+    flops, macs, int_ops = counted if counted is not None else (0, 0, 0)
     return LayerCost(
         kind=layer.kind, flops=int(flops), macs=int(macs), input_bytes=inputs,
         weight_bytes=weights, output_bytes=outputs, bytes_min=bytes_min,
-        has_formula=counted is not None,
+        has_formula=counted is not None, int_ops=int(int_ops),
     )
 
 
@@ -185,6 +211,7 @@ def model_cost(layers: Iterable[Layer]) -> ModelCost:
         total.layers.append(c)
         total.flops += c.flops
         total.macs += c.macs
+        total.int_ops += c.int_ops
         total.bytes_min += c.bytes_min
         total.weight_bytes += c.weight_bytes
         total.activation_bytes += c.activation_bytes
@@ -199,11 +226,18 @@ def model_cost(layers: Iterable[Layer]) -> ModelCost:
 def roofline_terms(
     cost: LayerCost | ModelCost, peaks: Peaks, *, bandwidth_gbs: float | None = None
 ) -> tuple[float, float]:
-    """The two roofline times in seconds: (flops / peak FLOP/s, bytes_min / bandwidth).
+    """The two roofline times in seconds: compute and memory.
+
+    compute = flops / peak FLOP/s + int_ops / int8 peak: a quantized kernel's
+    integer and float steps share the vector units, so their times add. Where the
+    int8 peak was not measured (``peaks.int8_gops`` is None: peaks from before it
+    existed) int ops are not bounded by compute, and such a layer's bound is its
+    memory time and its float work alone (:func:`int8_unbounded` says which).
+    memory = bytes_min / bandwidth.
 
     Args:
         cost: a layer's (or a model's) cost.
-        peaks: measured peaks; ``peaks.gflops`` and ``peaks.bandwidth_gbs`` are used.
+        peaks: measured peaks; ``gflops``, ``int8_gops`` and ``bandwidth_gbs`` are used.
         bandwidth_gbs: override the bandwidth (e.g. a cache bandwidth).
 
     Returns:
@@ -215,13 +249,25 @@ def roofline_terms(
     bw = peaks.bandwidth_gbs if bandwidth_gbs is None else bandwidth_gbs
     if not (peaks.gflops > 0 and bw > 0):
         raise ValueError(f"peaks must be positive, got {peaks.gflops} GFLOP/s and {bw} GB/s")
-    return cost.flops / (peaks.gflops * 1e9), cost.bytes_min / (bw * 1e9)
+    compute = cost.flops / (peaks.gflops * 1e9)
+    if cost.int_ops and peaks.int8_gops is not None:
+        if not peaks.int8_gops > 0:
+            raise ValueError(f"peaks must be positive, got an int8 peak of {peaks.int8_gops} GOP/s")
+        compute += cost.int_ops / (peaks.int8_gops * 1e9)
+    return compute, cost.bytes_min / (bw * 1e9)
+
+
+def int8_unbounded(cost: LayerCost | ModelCost, peaks: Peaks) -> bool:
+    """Whether ``cost`` has int ops that ``peaks`` cannot bound (no int8 peak measured):
+    its bound then counts its memory traffic and float work only."""
+    return bool(cost.int_ops) and peaks.int8_gops is None
 
 
 def roofline_bound(
     cost: LayerCost | ModelCost, peaks: Peaks, *, bandwidth_gbs: float | None = None
 ) -> float:
-    """Roofline lower bound on latency: ``max(flops / peak, bytes_min / bandwidth)`` seconds.
+    """Roofline lower bound on latency: the larger of :func:`roofline_terms`' compute
+    and memory times (``max(flops / peak, bytes_min / bandwidth)`` for float work).
 
     The bandwidth is the best main-memory rate measured; a layer whose working set
     stays in cache can beat it, so for small layers the bound is conservative only

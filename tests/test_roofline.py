@@ -10,21 +10,21 @@ import json
 import numpy as np
 import onnx
 import pytest
+from conftest import light
 from onnx import TensorProto, helper, numpy_helper
 
 import dlbricks.roofline.peaks as peaks_mod
-from dlbricks.roofline import analysis as rl
 from dlbricks.bricks import model_digest
 from dlbricks.cli import main
 from dlbricks.corpus import Corpus
 from dlbricks.errors import ModelError
 from dlbricks.loading import load
+from dlbricks.roofline import analysis as rl
+from dlbricks.roofline.costmodel import LayerCost
 from dlbricks.roofline.peaks import CacheLevel, Peaks
-from dlbricks.versions import brick_digest_version, model_digest_version
 from dlbricks.store import Store
 from dlbricks.timing import Measurement, RunnerConfig, summarize
-
-from conftest import light
+from dlbricks.versions import brick_digest_version, model_digest_version
 
 SYSTEM = {"test_system": 1}  # put_result stores a fingerprint dict and keys by its id
 CONFIG = RunnerConfig()
@@ -376,6 +376,155 @@ def test_plot_is_a_png_and_json_carries_it(branchy, store, tmp_path):
     assert [x["name"] for x in d["beats_bound"]] == ["add4"]
     text = rl.format_text(a, rl.layer_headroom(a))
     assert "branchy" in text and "1 layer(s) beat their bound" in text
+
+
+def _legend_labels(fig) -> list[str]:
+    (ax,) = fig.axes
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_plot_title_no_longer_counts_unplaced_layers_and_every_mark_has_a_legend(branchy, store):
+    a, _ = _analyze(branchy, store)
+    fig = rl.roofline_figure(a)
+    (ax,) = fig.axes
+    assert ax.get_title() == "roofline, 1 thread(s)"
+    labels = _legend_labels(fig)
+    assert labels[0] == "branchy"
+    assert any(x.startswith("float32 roofline") for x in labels)
+    assert any(x.startswith("float32 ridge point") for x in labels)
+    assert "faster than its bound" in labels  # add4's red edge
+    # No int8 layer here: no int8 ceiling, triangle or axis wording.
+    assert not any("int8" in x for x in labels) and "int8" not in ax.get_xlabel()
+    # Every layer of branchy is drawn: no note under the plot.
+    assert not [t for t in ax.texts if t.get_text()]
+
+
+def _fill_every_layer(store: Store, model, seconds: float = 20 * US) -> str:
+    for d in set(rl.layer_brick_digests(Corpus([model]), 0)):
+        store.put_result("brick", d, brick_digest_version(), SYSTEM, CONFIG, _measurement(seconds))
+    from dlbricks.timing.sysinfo import fingerprint_id
+
+    return fingerprint_id(SYSTEM)
+
+
+@pytest.fixture(scope="module")
+def squeezenet_runtime():
+    from dlbricks.loading.runtime_graph import runtime_models
+
+    (m,) = runtime_models([load(light("squeezenet"))])
+    return m
+
+
+def test_runtime_graph_of_squeezenet_places_every_layer_that_computes(squeezenet_runtime, store):
+    m = squeezenet_runtime
+    assert "com.microsoft.nchwc::Conv" in {layer.kind for layer in m.layers}
+    sid = _fill_every_layer(store, m)
+    a = rl.analyze([m], hand_peaks(), store=store, system_id=sid, config_key=CONFIG.key())
+    rows = a.models[0].layers
+    assert all(r.cost.has_formula for r in rows) and a.models[0].layers_missing == 0
+    # The only layers without a point move data (Concat, the reorder back to NCHW), named with the reason.
+    (only,) = a.not_placed()
+    assert only["reason"] == "no_arithmetic"
+    assert only["kinds"] == {"Concat": 8, "com.microsoft.nchwc::ReorderOutput": 1}
+    assert only["layers"] == 9 == sum(r.not_placed() is not None for r in rows)
+    # Every NCHWc Conv has a compute bound: its fused bias and Relu on top of the MACs.
+    convs = [r for r in rows if r.kind == "com.microsoft.nchwc::Conv"]
+    assert len(convs) == 26 and all(r.cost.flops > 2 * r.cost.macs > 0 and r.not_placed() is None for r in convs)
+    text = rl.format_text(a)
+    assert "9 layer(s) do no arithmetic" in text and "Concat 8, com.microsoft.nchwc::ReorderOutput 1" in text
+    note = "".join(t.get_text() for t in rl.roofline_figure(a).axes[0].texts)
+    assert note.startswith("Layers not drawn:") and "Concat 8" in note and "bounded by memory alone" in note
+    d = json.loads(json.dumps(rl.to_dict(a)))
+    assert d["not_placed"] == [only]
+
+
+def test_layers_without_a_formula_or_a_measurement_are_named_with_their_reason(squeezenet_runtime, store):
+    a = rl.analyze([squeezenet_runtime], hand_peaks())  # no store: nothing measured
+    by = {e["reason"]: e for e in a.not_placed()}
+    assert set(by) == {"no_arithmetic", "not_measured"}
+    assert by["not_measured"]["kinds"]["com.microsoft.nchwc::Conv"] == 26
+    fig_note = "".join(t.get_text() for t in rl.roofline_figure(a).axes[0].texts)
+    assert "have no measurement in the store" in fig_note
+    # A layer without a formula: its op type is named, and why.
+    bogus = a.models[0].layers[0]
+    bogus.kind = "com.example::Mystery"
+    bogus.cost = LayerCost(bogus.kind, 0, 0, 8, 0, 8, 16, False)
+    lines = rl.not_placed_lines(a)
+    assert lines[0] == ("1 layer(s) have no formula for their op (their bound counts their bytes alone): "
+                        "com.example::Mystery 1")
+
+
+def test_text_tables_have_human_column_names(branchy, store):
+    a, _ = _analyze(branchy, store)
+    text = rl.format_text(a, rl.layer_headroom(a))
+    headers = [line for line in text.splitlines() if line.startswith(("model ", "op type "))]
+    assert len(headers) == 3  # models, what-if, headroom
+    assert all("_" not in h for h in headers)
+    assert "bound, critical path (ms)" in text and "ideal cp" not in text and " eff " not in text
+    assert "sum of layers" in text and "layer_sum" not in text
+    assert "by likely cause: data in cache 1" in text  # add4, not the code cache_resident
+
+
+def _qdq_conv(path) -> None:
+    """x -> Q -> DQ -> Conv(DQ(int8 w), DQ(int32 b)) -> Q -> DQ: onnxruntime runs a QLinearConv."""
+    rng = np.random.default_rng(0)
+
+    def c(name: str, value) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.asarray(value), name)
+
+    inits = [c("xs", np.float32(0.05)), c("xz", np.uint8(128)),
+             c("w", rng.integers(-100, 100, (8, 8, 3, 3)).astype(np.int8)), c("ws", np.float32(0.01)),
+             c("wz", np.int8(0)), c("b", rng.integers(-100, 100, 8).astype(np.int32)), c("bs", np.float32(5e-4)),
+             c("bz", np.int32(0)), c("ys", np.float32(0.1)), c("yz", np.uint8(128))]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+        helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"]),
+        helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["cq"]),
+        helper.make_node("DequantizeLinear", ["cq", "ys", "yz"], ["y"]),
+    ]
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 16, 16]) for n in ("x", "y"))
+    graph = helper.make_graph(nodes, "qdq_conv", [x], [y], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def test_int8_kernels_of_a_runtime_graph_are_bounded_by_the_int8_peak(tmp_path, store):
+    from dlbricks.loading.runtime_graph import runtime_models
+
+    path = tmp_path / "qdq_conv.onnx"
+    _qdq_conv(path)
+    source = load(path)
+    (m,) = runtime_models([source])
+    sid = _fill_every_layer(store, m, 1 * US)
+    a = rl.analyze([m], hand_peaks(gflops=100.0, int8=400.0), store=store, system_id=sid, config_key=CONFIG.key())
+    rows = a.models[0].layers
+    (q,) = [r for r in rows if r.kind == "com.microsoft::QLinearConv"]
+    macs = 8 * 256 * 8 * 9
+    assert q.cost.macs == macs and q.cost.int_ops == 2 * macs + 8 * 256 and q.cost.flops == 5 * 8 * 256
+    assert q.is_int8 and q.not_placed() is None
+    assert q.compute_s == pytest.approx(q.cost.flops / 100e9 + q.cost.int_ops / 400e9, rel=1e-12)
+    assert q.cost.input_bytes == 8 * 256 and q.cost.output_bytes == 8 * 256  # uint8: a byte an element
+    # The source graph's QDQ group counts the same work.
+    (group,) = [r for r in rl.analyze([source], hand_peaks()).models[0].layers if r.kind == "Conv"]
+    assert (group.cost.macs, group.cost.int_ops, group.cost.flops) == (q.cost.macs, q.cost.int_ops, q.cost.flops)
+    assert all(r.cost.has_formula for r in rows)
+    fig = rl.roofline_figure(a)
+    labels = _legend_labels(fig)
+    assert "int8 roofline (400.0 GOP/s)" in labels and "int8 ridge point (40.0 op/byte)" in labels
+    assert "int8 kernel (triangle; circle: float)" in labels
+    assert "int8" in fig.axes[0].get_ylabel()
+    assert "int8 400.0 GOP/s" in rl.format_text(a)
+    # Peaks without the int8 peak: int ops get no compute bound, and the output says so.
+    old = rl.analyze([m], hand_peaks(gflops=100.0, int8=None), store=store, system_id=sid, config_key=CONFIG.key())
+    (q_old,) = [r for r in old.models[0].layers if r.kind == "com.microsoft::QLinearConv"]
+    assert q_old.compute_s == pytest.approx(q.cost.flops / 100e9, rel=1e-12)
+    text = rl.format_text(old)
+    assert "int8 not measured" in text and "the 1 int8 layers are bounded by memory and their float work alone" in text
+    assert not any("int8 roofline" in x for x in _legend_labels(rl.roofline_figure(old)))
 
 
 # --------------------------------------------------------------------------- CLI

@@ -2,9 +2,14 @@
 
 Per layer, from :mod:`dlbricks.roofline.costmodel` and measured :class:`~dlbricks.roofline.peaks.Peaks`:
 
-* **bound** = ``max(flops / peak FLOP/s, bytes_min / bandwidth)`` seconds, and which
-  side limits it (``compute``, ``memory``, or ``none`` for views that cost nothing);
-* **arithmetic intensity** = flops / bytes_min;
+* **bound** = ``max(flops / peak FLOP/s + int_ops / int8 peak, bytes_min / bandwidth)``
+  seconds (:func:`~dlbricks.roofline.costmodel.roofline_terms`), and which side
+  limits it (``compute``, ``memory``, or ``none`` for views that cost nothing). The
+  layers are the graph's, source or runtime: onnxruntime's fused, blocked-layout
+  (NCHWc) and quantized kernels have formulas like the standard ops; a quantized
+  kernel's integer work is bounded by the measured int8 peak (memory alone when the
+  peaks predate it, as the text output says);
+* **arithmetic intensity** = (flops + int_ops) / bytes_min;
 * **measured** = the median of the layer's G=1 brick (its sequence digest at G=1)
   from the store, keyed by this system's fingerprint and the runner configuration;
 * **efficiency** = bound / measured. It cannot exceed 1 unless the bound is wrong:
@@ -72,8 +77,15 @@ from dlbricks.loading.names import is_default_domain
 from dlbricks.model import Model
 from dlbricks.roofline.costmodel import layer_cost, roofline_terms
 from dlbricks.roofline.formulas import VIEW_OPS
-from dlbricks.roofline.render import ROOFLINE_SCHEMA_VERSION, format_text, plot_roofline, to_dict
-from dlbricks.roofline.results import LayerRoofline, ModelRoofline, RooflineAnalysis
+from dlbricks.roofline.render import (
+    ROOFLINE_SCHEMA_VERSION,
+    format_text,
+    not_placed_lines,
+    plot_roofline,
+    roofline_figure,
+    to_dict,
+)
+from dlbricks.roofline.results import NOT_PLACED, LayerRoofline, ModelRoofline, RooflineAnalysis
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.roofline.peaks import Peaks
@@ -83,6 +95,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "CAUSES",
     "FUSABLE_OPS",
+    "NOT_PLACED",
     "ROOFLINE_SCHEMA_VERSION",
     "LayerRoofline",
     "ModelRoofline",
@@ -95,23 +108,28 @@ __all__ = [
     "fusion_groups",
     "layer_brick_digests",
     "layer_headroom",
+    "not_placed_lines",
     "peaks_dir",
     "peaks_for_store",
     "plot_roofline",
     "rebatch",
+    "roofline_figure",
     "to_dict",
 ]
 
 #: Default relative measurement noise: an efficiency up to 1 + this is not flagged.
 DEFAULT_NOISE = 0.05
 
-#: Elementwise and activation ops that a producer kernel can absorb (default domain).
+#: Elementwise and activation op kinds that a producer kernel can absorb: default-domain
+#: ops, and onnxruntime's own activations left unfused in the graph it runs.
 FUSABLE_OPS = frozenset({
     "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
     "Elu", "Selu", "Celu", "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu",
     "Erf", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal",
     "Add", "Sub", "Mul", "Div", "Pow", "Sum",
     "BatchNormalization",
+    "com.microsoft::Gelu", "com.microsoft::FastGelu", "com.microsoft::BiasGelu", "com.microsoft::QuickGelu",
+    "com.microsoft::BiasAdd",
 })
 
 
@@ -208,6 +226,11 @@ def _reasons(row: LayerRoofline, peaks: Peaks) -> tuple[str, list[str]]:
                 "(data partly cache-resident, or the peak measurement was disturbed)"
             )
         return cause, [first, "bytes_min overcounts this layer's traffic (an aliased, broadcast or partly read input)"]
+    if row.is_int8 and peaks.int8_gops is not None:
+        return "flop_formula_or_peak", [
+            f"the int8 compute peak ({peaks.int8_gops:.1f} GOP/s) is below what this kernel reaches",
+            f"the op count for {row.kind} overcounts (its integer and float steps overlap)",
+        ]
     return "flop_formula_or_peak", [
         f"the compute peak ({peaks.gflops:.1f} GFLOP/s) is below what this kernel reaches",
         f"the FLOP formula for {row.kind} overcounts (e.g. Winograd or FFT convolution does fewer FLOPs)",
@@ -241,7 +264,7 @@ def fusion_groups(model: Model) -> tuple[np.ndarray, list[int | None], list[int]
     fused_into: list[int | None] = [None] * n
     saved = [0] * n
     for layer in model.layers:
-        if not is_default_domain(layer.domain) or layer.op_type not in FUSABLE_OPS:
+        if layer.kind not in FUSABLE_OPS:
             continue
         for slot in layer.activation_slots():
             name = layer.inputs[slot]

@@ -11,7 +11,17 @@ from dlbricks.roofline.costmodel import LayerCost
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.roofline.peaks import Peaks
 
-__all__ = ["LayerRoofline", "ModelRoofline", "RooflineAnalysis"]
+__all__ = ["NOT_PLACED", "LayerRoofline", "ModelRoofline", "RooflineAnalysis"]
+
+#: Why a layer has no point on the roofline plot (:meth:`LayerRoofline.not_placed`),
+#: in the order they are checked.
+NOT_PLACED = {
+    "no_formula": "no formula for its op (or a type the formula needs is unknown): its bound counts its bytes alone",
+    "no_arithmetic": "no arithmetic (data movement, views, table lookups): bounded by memory alone, "
+                     "with no place on an intensity axis",
+    "no_bytes": "moves no bytes: its intensity is infinite",
+    "not_measured": "no measurement in the store",
+}
 
 
 def _finite(x: float | None) -> float | None:
@@ -44,11 +54,29 @@ class LayerRoofline:
     def intensity(self) -> float:
         return self.cost.arithmetic_intensity
 
+    @property
+    def is_int8(self) -> bool:
+        """A quantized kernel: its integer work sets it against the int8 ceiling."""
+        return self.cost.int_ops > 0
+
+    def not_placed(self) -> str | None:
+        """None when the layer has a point on the roofline plot (a formula, some
+        arithmetic, bytes and a measurement); else why not, a :data:`NOT_PLACED` code."""
+        if not self.cost.has_formula:
+            return "no_formula"
+        if self.cost.ops == 0:
+            return "no_arithmetic"
+        if not math.isfinite(self.intensity):
+            return "no_bytes"
+        if not self.measured_s:
+            return "not_measured"
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index, "name": self.name, "kind": self.kind, "digest": self.digest,
-            "flops": self.cost.flops, "macs": self.cost.macs, "bytes_min": self.cost.bytes_min,
-            "has_formula": self.cost.has_formula,
+            "flops": self.cost.flops, "macs": self.cost.macs, "int_ops": self.cost.int_ops,
+            "bytes_min": self.cost.bytes_min, "has_formula": self.cost.has_formula,
             "arithmetic_intensity": _finite(self.intensity),
             "compute_s": self.compute_s, "memory_s": self.memory_s, "bound_s": self.bound_s,
             "limit": self.limit, "measured_s": self.measured_s, "ci_rel": self.ci_rel,
@@ -84,6 +112,7 @@ class ModelRoofline:
         d: dict[str, Any] = {
             "name": self.name, "path": self.path, "batch": self.batch, "n_layers": len(self.layers),
             "flops": sum(r.cost.flops for r in self.layers),
+            "int_ops": sum(r.cost.int_ops for r in self.layers),
             "bytes_min": sum(r.cost.bytes_min for r in self.layers),
             "ideal_sequential_s": self.ideal_sequential_s,
             "ideal_critical_path_s": self.ideal_critical_path_s,
@@ -121,3 +150,22 @@ class RooflineAnalysis:
     def beats_bound(self) -> list[LayerRoofline]:
         """Every layer flagged as faster than its bound."""
         return [r for m in self.models for r in m.layers if r.beats_bound]
+
+    def not_placed(self) -> list[dict[str, Any]]:
+        """The layers without a point on the roofline plot, by reason.
+
+        Returns:
+            One dict per reason that applies, in :data:`NOT_PLACED` order: ``reason``
+            (the code), ``explanation``, ``layers`` (how many) and ``kinds`` (op kind ->
+            layers, most first).
+        """
+        by: dict[str, dict[str, int]] = {}
+        for m in self.models:
+            for r in m.layers:
+                why = r.not_placed()
+                if why is not None:
+                    kinds = by.setdefault(why, {})
+                    kinds[r.kind] = kinds.get(r.kind, 0) + 1
+        return [{"reason": code, "explanation": NOT_PLACED[code], "layers": sum(by[code].values()),
+                 "kinds": dict(sorted(by[code].items(), key=lambda kv: (-kv[1], kv[0])))}
+                for code in NOT_PLACED if code in by]

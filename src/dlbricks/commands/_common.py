@@ -414,7 +414,8 @@ def graph_models(sources: Sequence, graphs: Sequence[str], config: RunnerConfig 
     out = []
     for s, g in zip(sources, graphs):
         if g == "runtime":
-            out += runtime_models([s], config=config, input_shapes=shapes_for(s) if shapes_for else None)
+            shapes = shapes_for(s) if shapes_for else None
+            out += runtime_models([s], config=config, input_shapes=dict(shapes) if shapes else None)
         else:
             out.append(s)
     return out

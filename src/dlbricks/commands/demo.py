@@ -25,6 +25,8 @@ from dlbricks.commands._common import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from dlbricks.store import Store
     from dlbricks.timing.config import RunnerConfig
 
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     step(f"  {c['layers']} layers, {c['unique_layers']} unique ({c['unique_layer_pct']:.1f}%); unique bricks "
          + ", ".join(f"G={G}: {c['sequences'][str(G)]['unique_sequences']}" for G in Gs))
 
-    bricks_models, used = models, ["source"] * len(models)
+    bricks_models: list = models
+    used: Sequence[str] = ["source"] * len(models)
     if args.graph in ("runtime", None):
         from dlbricks.loading.runtime_graph import runtime_models_or_sources
 

@@ -530,7 +530,7 @@ def test_int8_kernels_of_a_runtime_graph_are_bounded_by_the_int8_peak(tmp_path, 
 # --------------------------------------------------------------------------- CLI
 
 
-def test_cli_end_to_end_on_squeezenet(tmp_path, capsys):
+def test_cli_end_to_end_on_squeezenet(tmp_path, capsys, squeezenet_runtime):
     peaks_file = tmp_path / "peaks.json"
     peaks_file.write_text(json.dumps(hand_peaks(gflops=50.0, gbs=10.0, llc=32 << 20).to_dict()))
     store = tmp_path / "results.sqlite"
@@ -543,7 +543,9 @@ def test_cli_end_to_end_on_squeezenet(tmp_path, capsys):
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert base64.b64decode(d["plot_png_base64"]).startswith(b"\x89PNG")
     (m,) = d["models"]
-    assert m["name"] == "light_squeezenet" and m["n_layers"] == 66 == len(m["layers"])
+    # The layers of the graph onnxruntime runs, as bench cuts it by default.
+    assert d["graph"] == "runtime" == m["graph"]
+    assert m["name"] == "light_squeezenet" and m["n_layers"] == len(squeezenet_runtime.layers) == len(m["layers"])
     assert m["layers_missing"] == 0 and m["measured_source"] == "layer_sum"
     assert m["layer_sum_s"] == pytest.approx(sum(r["measured_s"] for r in m["layers"]))
     assert 0 < m["ideal_critical_path_s"] <= m["ideal_sequential_s"]
@@ -567,6 +569,38 @@ def test_cli_end_to_end_on_squeezenet(tmp_path, capsys):
     assert [r["measured_s"] for r in d2["models"][0]["layers"]] == [r["measured_s"] for r in m["layers"]]
     assert main(["roofline", *common, "--no-measure"]) == 0
     assert "light_squeezenet" in capsys.readouterr().out
+
+
+def test_cli_reads_what_bench_measured_on_the_graph_bench_cut(branchy_path, tmp_path, capsys):
+    peaks_file = tmp_path / "peaks.json"
+    peaks_file.write_text(json.dumps(hand_peaks().to_dict()))
+    store = tmp_path / "results.sqlite"
+    fast = ["--no-pin", "--warmup", "1", "--warmup-time", "0", "--min-iters", "5", "--min-time", "0.005",
+            "--max-time", "0.05", "--min-rounds", "2", "--max-rounds", "3"]
+    assert main(["bench", str(branchy_path), "--store", str(store), "--json", *fast]) == 0
+    capsys.readouterr()
+    common = [str(branchy_path), "--store", str(store), "--peaks", str(peaks_file), "--no-measure", "--no-pin"]
+    assert main(["roofline", *common, "--json", "--no-plot"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    (m,) = d["models"]
+    assert d["graph"] == "runtime" and m["graph"] == "runtime" and m["path"] == str(branchy_path)
+    # The runtime graph: NCHWc Convs with the Relu and the Add fused in, and layout
+    # changes; every layer has the time bench measured.
+    assert {r["kind"] for r in m["layers"]} == {"com.microsoft.nchwc::Conv", "com.microsoft.nchwc::ReorderOutput"}
+    assert m["layers_missing"] == 0 and m["measured_source"] == "layer_sum"
+    assert all(r["measured_s"] > 0 for r in m["layers"])
+    assert not [n for n in d["not_placed"] if n["reason"] == "not_measured"]
+    assert main(["roofline", *common]) == 0
+    assert capsys.readouterr().out.startswith("layers of the graphs onnxruntime executes (--graph runtime)\n")
+    # The batch what-if re-batches the model file and cuts its runtime graph at that batch.
+    assert main(["roofline", *common, "--batch", "2", "--json", "--no-plot"]) == 0
+    batch = json.loads(capsys.readouterr().out)["models"][0]["scenarios"]["batch"]
+    assert batch["rebatchable"] and batch["layers_missing"] == 5 and batch["ideal_latency_s"] > 0
+    # The source graph's bricks were not measured: asking for them says so.
+    assert main(["roofline", *common, "--graph", "source", "--json", "--no-plot"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["graph"] == "source" and d["models"][0]["layers_missing"] == 5
+    assert {r["kind"] for r in d["models"][0]["layers"]} == {"Conv", "Relu", "Add"}
 
 
 def test_cli_usage_errors(tmp_path, capsys):

@@ -7,22 +7,35 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlbricks.commands._common import (
+    add_graph_arg,
     add_model_args,
     add_output_args,
     add_runner_args,
     add_store_arg,
     emit,
-    load_models,
+    load_models_and_sources,
     parse_g_list,
     positive_int,
     require_store,
+    run_graph,
     runner_config,
     warn,
 )
-from dlbricks.errors import DlbricksError, UsageError
+from dlbricks.errors import DlbricksError, ModelError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.model import Model
+    from dlbricks.roofline.results import RooflineAnalysis
+    from dlbricks.store import Store
+    from dlbricks.timing import RunnerConfig
+
+_GRAPH_WORDS = {"runtime": "the graphs onnxruntime executes", "source": "the models' own graphs",
+                "mixed": "runtime graphs; some models' source graphs"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,8 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=(
             "Per layer: roofline bound max(FLOPs/peak, bytes/bandwidth), arithmetic intensity, "
             "measured time (its G=1 brick's median) and efficiency = bound/measured. Per model: ideal "
-            "latency (sequential and critical path) against measured. Peaks are measured once per "
-            "system and thread count and cached in a 'peaks' folder next to the store."
+            "latency (sequential and critical path) against measured. The layers are those of the graph "
+            "bench cuts (--graph, the same default), so its results are the ones read. Peaks are measured "
+            "once per system and thread count and cached in a 'peaks' folder next to the store."
         ),
     )
     add_model_args(p)
@@ -52,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="relative noise before a layer beating its bound is flagged (default 0.05)")
     p.add_argument("--peaks", metavar="JSON", help="use these peaks (a Peaks JSON) instead of the cached ones")
     p.add_argument("--quick-peaks", action="store_true", help="a quick peaks measurement when none is cached")
+    add_graph_arg(p)
     add_runner_args(p)
     p.set_defaults(func=run)
 
@@ -80,9 +95,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--noise must be >= 0, got {args.noise}")
     gs = [g for g in parse_g_list(args.gs) if g > 1] if args.gs else []
     config = runner_config(args)
-    models = load_models(args)
+    # The graph bench cuts, optimised with the same session options: the layers' G=1
+    # bricks are then the ones bench stored.
+    models, sources = load_models_and_sources(args, config)
     if not models:
         raise DlbricksError("no model could be loaded")
+    graphs = [args.graphs.get(s.path, "source") for s in sources]
     rl.check_models(models)
     store_path = Path(args.store) if args.store else default_store_path()
     system_id = fingerprint_id(system_fingerprint())
@@ -113,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             peaks_source = str(rl.peaks_dir(store_path))
         if store is not None and not args.no_measure:
             summary = bench(models, sorted({1, *gs}), store=store, config=config, e2e=args.e2e,
-                            seed=args.seed, progress=progress)
+                            seed=args.seed, progress=progress, e2e_models=sources)
             for f in summary.failures:
                 warn(f"{f['kind']} {f['digest'][:12]} failed: {f['error']}")
         try:
@@ -121,10 +139,14 @@ def run(args: argparse.Namespace) -> int:
                                   noise=args.noise)
         except ValueError as exc:
             raise DlbricksError(str(exc)) from None
+        _as_sources(analysis, sources, store=store, system_id=system_id, config_key=config_key)
         if args.batch is not None:
-            rl.batch_what_if(models, args.batch, analysis, store=store, system_id=system_id,
-                             config_key=config_key, config=config, measure=not args.no_measure,
-                             seed=args.seed, progress=progress)
+            rl.batch_what_if([s for s, g in zip(sources, graphs) if g == "source"], args.batch, analysis,
+                             store=store, system_id=system_id, config_key=config_key, config=config,
+                             measure=not args.no_measure, seed=args.seed, progress=progress)
+            _runtime_batch_what_if([s for s, g in zip(sources, graphs) if g == "runtime"], args.batch, analysis,
+                                   store=store, system_id=system_id, config_key=config_key, config=config,
+                                   measure=not args.no_measure, seed=args.seed, progress=progress)
         headroom = rl.layer_headroom(analysis, top=args.top)
         bricks = {}
         if store is not None:
@@ -150,7 +172,91 @@ def run(args: argparse.Namespace) -> int:
         }
         obj = rl.to_dict(analysis, headroom=headroom, brick_headroom_by_g=bricks,
                          png=None if args.no_plot else png, context=context)
+        # Which graph the layers are (as evaluate says it): per model and for the run.
+        obj["graph"] = run_graph(graphs)
+        for m, g in zip(obj["models"], graphs):
+            m["graph"] = g
         emit(args, None, obj)
     else:
-        emit(args, rl.format_text(analysis, headroom, bricks), None)
+        emit(args, _graph_line(analysis, graphs) + rl.format_text(analysis, headroom, bricks), None)
     return 0
+
+
+def _graph_line(analysis: RooflineAnalysis, graphs: Sequence[str]) -> str:
+    """The text's first line: which graphs' layers the tables are."""
+    graph = run_graph(graphs)
+    line = f"layers of {_GRAPH_WORDS[graph]} (--graph {'runtime' if graph == 'mixed' else graph})"
+    if graph == "mixed":
+        line += "; source graphs: " + ", ".join(m.name for m, g in zip(analysis.models, graphs) if g == "source")
+    return line + "\n"
+
+
+def _as_sources(analysis: RooflineAnalysis, sources: Sequence[Model], *, store: Store | None,
+                system_id: str, config_key: str) -> None:
+    """Each model of ``analysis`` as its source model: its file, and the end-to-end
+    result bench stores under the source model's digest. A runtime graph has no file and
+    another digest, but timing the source model end to end runs that very graph."""
+    from dlbricks.bricks import model_digest
+    from dlbricks.versions import model_digest_version
+
+    for mr, src in zip(analysis.models, sources):
+        mr.path = src.path
+        if store is None or mr.measured_source == "end_to_end":
+            continue
+        rec = store.get_result("model", model_digest(src), model_digest_version(), system_id, config_key)
+        if rec is not None and rec.ok and rec.median_ns:
+            mr.measured_s, mr.measured_source = rec.median_ns * 1e-9, "end_to_end"
+
+
+def _runtime_batch_what_if(
+    sources: Sequence[Model],
+    batch: int,
+    analysis: RooflineAnalysis,
+    *,
+    store: Store | None,
+    system_id: str,
+    config_key: str,
+    config: RunnerConfig,
+    measure: bool,
+    seed: int,
+    progress: bool,
+) -> None:
+    """The batch scenario of models cut from their runtime graphs: each source model
+    re-batched (:func:`~dlbricks.roofline.analysis.rebatch`, which names a pinned
+    batch), its runtime graph at that batch measured and analysed; the scenario in
+    ``analysis`` as :func:`~dlbricks.roofline.analysis.batch_what_if` sets it.
+
+    ``batch_what_if`` re-batches the models it is given from their files, which a
+    runtime graph does not have."""
+    from dlbricks.loading.runtime_graph import runtime_models
+    from dlbricks.pipeline import bench
+    from dlbricks.roofline import analysis as rl
+
+    batched: list[Model] = []
+    result: dict[str, dict] = {}
+    for src in sources:
+        try:
+            again = rl.rebatch(src, batch)
+            shapes = {name: t.shape for name, t in again.inputs if t.shape}
+            batched += runtime_models([again], config=config, input_shapes=shapes)
+        except ModelError as exc:
+            result[src.name] = {"batch": batch, "rebatchable": False, "error": str(exc)}
+    if batched and measure and store is not None:
+        bench(batched, [1], store=store, config=config, seed=seed, progress=progress)
+    if batched:
+        sub = rl.analyze(batched, analysis.peaks, store=store, system_id=system_id, config_key=config_key,
+                         noise=analysis.noise)
+        for mr in sub.models:
+            base = next(x for x in analysis.models if x.name == mr.name)
+            b0 = base.batch or 1
+            per_sample = mr.layer_sum_s / batch if mr.layer_sum_s is not None else None
+            base_per = base.layer_sum_s / b0 if base.layer_sum_s is not None else None
+            result[mr.name] = {
+                "batch": batch, "rebatchable": True, "latency_s": mr.layer_sum_s,
+                "ideal_latency_s": mr.ideal_sequential_s, "per_sample_latency_s": per_sample,
+                "per_sample_speedup": (base_per / per_sample if base_per is not None and per_sample else None),
+                "layers_missing": mr.layers_missing, "beats_bound": sum(r.beats_bound for r in mr.layers),
+            }
+    for mr in analysis.models:
+        if mr.name in result:
+            mr.scenarios["batch"] = result[mr.name]

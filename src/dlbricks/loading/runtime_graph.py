@@ -168,8 +168,8 @@ def runtime_models(
     """Reload each model as the graph onnxruntime executes, under the same name.
 
     The reloaded models have no ``path``: the file holds the source graph, not this one.
-    A model without a file is optimised from its own graph, rebuilt from its layers with
-    its real weights (:func:`dlbricks.bricks.whole_model`).
+    Each is optimised as it is timed end to end (:func:`dlbricks.bricks.whole_model`:
+    its graph with synthesised weights), file or not.
 
     Args:
         models: loaded models.
@@ -178,9 +178,9 @@ def runtime_models(
         input_shapes: concrete shapes for symbolic graph inputs.
 
     Raises:
-        ModelError: a model fails to optimise, or its runtime graph to load; or it has no
-            file and its weights are not at hand (:func:`runtime_models_or_sources` keeps
-            the source graph of such a model instead).
+        ModelError: a model's graph cannot be rebuilt or optimised, or its runtime graph
+            cannot be loaded (:func:`runtime_models_or_sources` keeps the source graph of
+            such a model instead).
     """
     return [_runtime_model(m, config, level, input_shapes) for m in models]
 
@@ -191,30 +191,21 @@ def _runtime_model(
     level: str | None,
     input_shapes: Mapping[str, Sequence[int]] | None,
 ) -> Model:
+    from dlbricks.bricks import whole_model
     from dlbricks.loading import load
 
-    source = model.path if model.path is not None else _rebuilt_proto(model)
+    # Optimised as it is timed end to end: with synthesised weights. onnxruntime's
+    # optimiser looks at weight values (it merges branches whose weights are equal,
+    # folds BatchNormalization only where it can), so the file's own weights can give
+    # another graph: the light models' weights are all zeros, and Inception v2's file
+    # optimises to 129 kernels where the model that runs has 96.
+    try:
+        source: str | onnx.ModelProto = whole_model(model, seed=0)[0]
+    except (DlbricksError, KeyError, ValueError) as exc:
+        raise ModelError(f"{model.name}: cannot rebuild its graph to optimise: {first_line(exc)}") from None
     shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
     proto = optimized_model(source, config=config, level=level, input_shapes=shapes)
     return load(proto, shapes, name=model.name)
-
-
-def _rebuilt_proto(model: Model) -> onnx.ModelProto:
-    """An in-memory model's graph from its layers, with its real weights.
-
-    Raises:
-        ModelError: its constant values are not available (say, external data of a
-            model loaded from a ModelProto).
-    """
-    from dlbricks.bricks import whole_model
-
-    try:
-        proto, _ = whole_model(model, weights="source")
-    except (DlbricksError, KeyError, OSError, ValueError) as exc:
-        cause = _unlabelled(first_line(exc), model.name)
-        raise ModelError(f"{model.name}: no file, and its graph cannot be rebuilt: {cause}") from None
-    proto.graph.name = model.name
-    return proto
 
 
 # Which graph a model is decomposed as: the one onnxruntime executes, or its file's.
@@ -230,8 +221,7 @@ def runtime_models_or_sources(
     on_warning: Callable[[str], None] | None = None,
 ) -> tuple[list[Model], list[Graph]]:
     """Each model's runtime graph (:func:`runtime_models`), or the model itself where
-    that graph cannot be built or decomposed (nor, for a model without a file, its
-    graph rebuilt).
+    that graph cannot be built or decomposed.
 
     Args:
         sources: loaded models.

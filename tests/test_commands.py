@@ -120,14 +120,14 @@ def test_a_model_whose_runtime_graph_cannot_be_used_is_cut_from_its_source_graph
     import dlbricks.loading.runtime_graph as rg
     from dlbricks.errors import ModelError
 
-    real = rg.optimized_model
+    real = rg._runtime_model
 
-    def failing_for_bad(source, *args, **kwargs):
-        if str(source).endswith("bad.onnx"):
+    def failing_for_bad(model, *args, **kwargs):
+        if model.name == "bad":
             raise ModelError("bad: an op the loader cannot type")
-        return real(source, *args, **kwargs)
+        return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(rg, "optimized_model", failing_for_bad)
+    monkeypatch.setattr(rg, "_runtime_model", failing_for_bad)
     good, bad = tmp_path / "good.onnx", tmp_path / "bad.onnx"
     _conv_bn_relu_model(good, "good")
     _conv_bn_relu_model(bad, "bad")

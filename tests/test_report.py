@@ -468,7 +468,7 @@ def test_roofline_reads_like_the_rest_of_the_report() -> None:
     assert doc.imgs["fig-roofline"] == "svg"  # drawn from the layers, as vector
     section = text[text.index('<section id="roofline">'):text.index('<section id="system">')]
     # Every count explained, every mark in the legend, no raw JSON keys.
-    assert "2 of 3 layers drawn" in section and "1 move data without arithmetic" in section
+    assert "2 of 3 layers drawn" in section and "1 layer with no arithmetic" in section and "Reshape 1" in section
     for mark in ("faster than its bound", "ridge point", "roofline: 50 GFLOP/s"):
         assert mark in section, mark
     for raw in ("gflops_by_size", "peaks.", "measured_source", "ideal_sequential_s", "plot_png_base64"):
@@ -488,6 +488,89 @@ def test_roofline_reads_like_the_rest_of_the_report() -> None:
     assert plain.imgs["fig-roofline"].startswith("data:image/png;base64,")
     bad = _parse(build_report(None, None, roofline={"plot_png_base64": "not base64!"}))
     assert "fig-roofline" not in bad.imgs and bad.sections["roofline"]["notes"]
+
+
+def _int8_roofline_json() -> dict:
+    """A runtime graph's roofline: an int8 kernel whose work is nearly all integer
+    operations, the int8 peak, and the JSON's own account of the layers not drawn."""
+    roofline = _roofline_json()
+    qconv = {**roofline["models"][0]["layers"][0], "index": 3, "name": "q0", "kind": "com.microsoft::QLinearConv",
+             "flops": 1000, "int_ops": 4_000_000, "arithmetic_intensity": 40.0, "measured_s": 2e-5,
+             "has_formula": True, "beats_bound": False}
+    roofline["peaks"].update(int8_gops=400.0, int8_gops_by_size={"256": 380.0, "512": 400.0})
+    roofline["graph"] = "runtime"
+    model = roofline["models"][0]
+    model.update(graph="runtime", n_layers=4, layers=[*model["layers"], qconv])
+    roofline["not_placed"] = [{"reason": "no_arithmetic", "explanation": "no arithmetic", "layers": 1,
+                               "kinds": {"com.microsoft.nchwc::ReorderOutput": 1}}]
+    return roofline
+
+
+def test_roofline_draws_int8_kernels_against_the_int8_ceiling_and_names_what_is_not_drawn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import dlbricks.report.roofline_view as view
+
+    drawn = []
+    real_figure = view.figure
+
+    def keep(fig, *args, **kwargs):
+        drawn.append(fig)
+        return real_figure(fig, *args, **kwargs)
+
+    monkeypatch.setattr(view, "figure", keep)
+    roofline = _int8_roofline_json()
+    text = build_report(None, None, roofline=roofline)
+    doc = _parse(text)
+    assert doc.errors == [] and doc.imgs["fig-roofline"] == "svg"
+    section = text[text.index('<section id="roofline">'):text.index('<section id="system">')]
+    peaks = {r[0]: r[1] for r in doc.tables["roofline-peaks"]}
+    assert peaks["Int8 compute peak (MatMulInteger, uint8 × int8)"] == "400.0 GOP/s"
+    assert peaks["Int8 ridge point (int8 kernels compute-bound above)"] == "40.0 op/byte"
+    assert peaks["Int8 compute by MatMulInteger size n×n"] == "256: 380.0, 512: 400.0 GOP/s"
+    # The int8 kernel is drawn, its work its integer operations and FLOPs together.
+    assert "3 of 4 layers drawn" in section
+    (fig,) = drawn
+    ax = fig.axes[0]
+    triangles = [c for c in ax.collections if len(c.get_offsets()) and c.get_paths()[0].vertices.shape[0] == 4]
+    (tri,) = triangles
+    x, y = tri.get_offsets()[0]
+    assert (x, y) == pytest.approx((40.0, (1000 + 4_000_000) / 2e-5 / 1e9))
+    # ... under the int8 ceiling: min(400 GOP/s, intensity x 10 GB/s), beside the float one.
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    int8_line = lines["int8 roofline: 400 GOP/s"]
+    assert max(int8_line.get_ydata()) == pytest.approx(400.0) and "int8 ridge point (40.0 op/byte)" in lines
+    assert max(lines["roofline: 50 GFLOP/s, 10.0 GB/s"].get_ydata()) == pytest.approx(50.0)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "int8 kernel (circle: float)" in labels and "faster than its bound" in labels
+    # The note on layers not drawn is the JSON's not_placed, not a count of its own.
+    assert "1 layer with no arithmetic" in section and "com.microsoft.nchwc::ReorderOutput 1" in section
+    assert "Reshape" not in section.split("Not drawn:", 1)[1].split("</span>", 1)[0]
+    head, row = doc.tables["table-roofline"]
+    assert head[-1] == "layers of the graph" and row[-1] == "onnxruntime's"
+    assert "The layers are those of the graphs onnxruntime executes" in section
+    # Peaks from before the int8 peak: no int8 ceiling, and the table and note say why.
+    drawn.clear()
+    old = _int8_roofline_json()
+    del old["peaks"]["int8_gops"], old["peaks"]["int8_gops_by_size"]
+    text = build_report(None, None, roofline=old)
+    peaks = {r[0]: r[1] for r in _parse(text).tables["roofline-peaks"]}
+    assert peaks["Int8 compute peak"].startswith("not measured") and "the 1 int8 layers" in peaks["Int8 compute peak"]
+    assert not [ln for ln in drawn[0].axes[0].get_lines() if "int8" in str(ln.get_label())]
+    assert "int8 kernels have no ceiling of their own here" in text
+
+
+@pytest.mark.browser
+def test_report_with_an_int8_roofline_loads_in_headless_chromium(tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    page = write_report(build_report(None, None, roofline=_int8_roofline_json()), tmp_path / "roofline.html")
+    base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-ready="1"' in dom.stdout and not _JS_ERROR.search(dom.stdout), dom.stdout[:500]
+    assert 'id="fig-roofline"' in dom.stdout and "int8 roofline: 400 GOP/s" in dom.stdout
 
 
 def test_write_report_replaces_the_file_atomically(tmp_path: Path) -> None:

@@ -27,6 +27,17 @@ CAUSES = {
 _CAUSES_SHORT = {"cache_resident": "cache-resident data", "bandwidth_peak": "above the bandwidth peak",
                  "flop_formula_or_peak": "above the compute peak, or FLOPs overcounted"}
 _TOP = 15  # rows of each long list shown
+#: What the JSON's ``graph`` says the layers are.
+_GRAPHS = {"runtime": "the graphs onnxruntime executes (its fused and quantized kernels)",
+           "source": "the models' own graphs", "mixed": "the graphs onnxruntime executes, some models' source graphs"}
+#: Why layers have no point on the plot (the codes of the JSON's ``not_placed``).
+_NOT_PLACED = {
+    "no_formula": "no formula for their op (their bound counts their bytes alone)",
+    "no_arithmetic": "no arithmetic (data movement, views, table lookups: bounded by memory alone, with no place "
+                     "on an intensity axis)",
+    "no_bytes": "no bytes moved (their intensity is infinite)",
+    "not_measured": "no measurement in the store",
+}
 
 
 def _ratio(x: Any) -> Cell:
@@ -40,13 +51,18 @@ def _when(source: Any) -> str:
 def roofline_section(roofline: Mapping[str, Any], section: Callable[..., str], source: str | None = None) -> str:
     """The section; ``section`` wraps the body, ``source`` names the file with the full data."""
     where = source or "the JSON of `dlbricks roofline --json`"  # plain text: captions escape it
-    parts = ['<p class="intro">A layer cannot run faster than its roofline bound: its FLOPs at the machine\'s '
-             "compute peak, or its minimum bytes at the memory-bandwidth peak, whichever takes longer. Efficiency is "
-             "bound / measured time (1 = at the bound).</p>"]
     peaks = roofline.get("peaks") or {}
-    if peaks:
-        parts.append(_peaks_table(peaks))
     models = [m for m in roofline.get("models") or [] if isinstance(m, Mapping)]
+    int8_layers = sum(_is_int8(r) for m in models for r in _layers(m))
+    int8 = (" (and the integer operations of int8 kernels at the int8 peak)"
+            if int8_layers or finite(peaks.get("int8_gops")) else "")
+    graph = _GRAPHS.get(str(roofline.get("graph")))
+    parts = ['<p class="intro">A layer cannot run faster than its roofline bound: its FLOPs at the machine\'s '
+             f"compute peak{int8}, or its minimum bytes at the memory-bandwidth peak, whichever takes longer. "
+             "Efficiency is bound / measured time (1 = at the bound)."
+             + (f" The layers are those of {esc(graph)}." if graph else "") + "</p>"]
+    if peaks:
+        parts.append(_peaks_table(peaks, int8_layers))
     parts.append(_plot(roofline, models, peaks))
     if models:
         parts.append(_models_table(models))
@@ -62,20 +78,29 @@ def roofline_section(roofline: Mapping[str, Any], section: Callable[..., str], s
     return section("roofline", body, note=None if (peaks or models) else "The roofline result is empty.")
 
 
-def _peaks_table(peaks: Mapping[str, Any]) -> str:
+def _peaks_table(peaks: Mapping[str, Any], int8_layers: int = 0) -> str:
     caches = [c for c in peaks.get("caches") or [] if isinstance(c, Mapping) and c.get("type") != "Instruction"]
     llc = max(caches, key=lambda c: (c.get("level", 0), c.get("size_bytes", 0))) if caches else None
     sizes = peaks.get("gflops_by_size") or {}
+    bw = peaks.get("bandwidth_gbs")
     rows: list[tuple[str, Any]] = [
         ("Compute peak (MatMul)", f"{peaks.get('gflops', math.nan):.1f} GFLOP/s"),
         ("Memory-bandwidth peak (best of copy, triad, onnxruntime)", f"{peaks.get('bandwidth_gbs', math.nan):.1f} GB/s"),
     ]
-    if finite(peaks.get("gflops")) and finite(peaks.get("bandwidth_gbs")) and peaks["bandwidth_gbs"] > 0:
-        rows.append(("Ridge point (compute-bound above)", f"{peaks['gflops'] / peaks['bandwidth_gbs']:.1f} FLOP/byte"))
+    if finite(peaks.get("gflops")) and finite(bw) and bw > 0:
+        rows.append(("Ridge point (compute-bound above)", f"{peaks['gflops'] / bw:.1f} FLOP/byte"))
     if sizes:
-        rows.append(("Compute by MatMul size n×n", ", ".join(f"{k}: {float(v):.1f}" for k, v in
-                                                            sorted(sizes.items(), key=lambda kv: int(kv[0]))) +
-                     " GFLOP/s"))
+        rows.append(("Compute by MatMul size n×n", _by_size(sizes, "GFLOP/s")))
+    int8 = peaks.get("int8_gops")
+    if finite(int8):
+        rows.append(("Int8 compute peak (MatMulInteger, uint8 × int8)", f"{int8:.1f} GOP/s"))
+        if finite(bw) and bw > 0:
+            rows.append(("Int8 ridge point (int8 kernels compute-bound above)", f"{int8 / bw:.1f} op/byte"))
+        if peaks.get("int8_gops_by_size"):
+            rows.append(("Int8 compute by MatMulInteger size n×n", _by_size(peaks["int8_gops_by_size"], "GOP/s")))
+    elif int8_layers:
+        rows.append(("Int8 compute peak", f"not measured (peaks from an older version): the {int8_layers} int8 "
+                                          "layers are bounded by memory and their float work alone"))
     if llc:
         rows.append(("Last-level cache", f"L{llc.get('level')} {int(llc.get('size_bytes', 0)) >> 20} MiB"))
     rows.append(("Threads", peaks.get("threads")))
@@ -85,11 +110,73 @@ def _peaks_table(peaks: Mapping[str, Any]) -> str:
     return kv_table([(k, str(v)) for k, v in rows], (), "roofline-peaks")
 
 
-def _placeable(layer: Mapping[str, Any]) -> bool:
-    return bool(layer.get("measured_s")) and (layer.get("flops") or 0) > 0 and finite(layer.get("arithmetic_intensity"))
+def _by_size(sizes: Mapping[str, Any], unit: str) -> str:
+    return ", ".join(f"{k}: {float(v):.1f}" for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0]))) + f" {unit}"
+
+
+def _layers(model: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [r for r in model.get("layers") or [] if isinstance(r, Mapping)]
+
+
+def _work(layer: Mapping[str, Any]) -> float:
+    """A layer's operations: FLOPs and, for an int8 kernel, its integer operations."""
+    return float(layer.get("flops") or 0) + float(layer.get("int_ops") or 0)
+
+
+def _is_int8(layer: Mapping[str, Any]) -> bool:
+    return float(layer.get("int_ops") or 0) > 0
+
+
+def _why_not_placed(layer: Mapping[str, Any]) -> str | None:
+    """The JSON's reason code for a layer without a point (None: it has one), for a
+    roofline JSON that predates ``not_placed``."""
+    if layer.get("has_formula") is False:
+        return "no_formula"
+    if not _work(layer) > 0:
+        return "no_arithmetic"
+    if not finite(layer.get("arithmetic_intensity")):
+        return "no_bytes"
+    if not layer.get("measured_s"):
+        return "not_measured"
+    return None
+
+
+def _not_placed(roofline: Mapping[str, Any], models: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The layers without a point, by reason: the JSON's ``not_placed``, or the same
+    worked out from its layers when it has none."""
+    given = roofline.get("not_placed")
+    if isinstance(given, list):
+        return [e for e in given if isinstance(e, Mapping) and e.get("layers")]
+    by: dict[str, dict[str, int]] = {}
+    for m in models:
+        for r in _layers(m):
+            why = _why_not_placed(r)
+            if why is not None:
+                kinds = by.setdefault(why, {})
+                kinds[str(r.get("kind"))] = kinds.get(str(r.get("kind")), 0) + 1
+    return [{"reason": code, "layers": sum(by[code].values()),
+             "kinds": dict(sorted(by[code].items(), key=lambda kv: (-kv[1], kv[0])))} for code in _NOT_PLACED
+            if code in by]
+
+
+def _not_placed_note(entries: Sequence[Mapping[str, Any]], most: int = 6) -> str:
+    """The layers not drawn: per reason, how many and their op types (most frequent
+    first); HTML."""
+    out = []
+    for e in entries:
+        n = e.get("layers") or 0
+        # A reason newer than this report: the JSON's own explanation.
+        why = _NOT_PLACED.get(str(e.get("reason"))) or str(e.get("explanation") or e.get("reason"))
+        kinds = [(str(k), c) for k, c in (e.get("kinds") or {}).items()]
+        named = ", ".join(f"{k} {c}" for k, c in kinds[:most])
+        if len(kinds) > most:
+            named += f", {len(kinds) - most} more op types"
+        out.append(f"{n} {'layer' if n == 1 else 'layers'} with {why}" + (f": {named}" if named else ""))
+    return esc("; ".join(out) + ".")
 
 
 def _plot(roofline: Mapping[str, Any], models: Sequence[Mapping[str, Any]], peaks: Mapping[str, Any]) -> str:
+    not_placed = _not_placed(roofline, models)
     have_layers = any(m.get("layers") for m in models)
     if not have_layers:
         img = roofline.get("plot_png_base64")
@@ -98,73 +185,93 @@ def _plot(roofline: Mapping[str, Any], models: Sequence[Mapping[str, Any]], peak
                 base64.b64decode(img, validate=True)
             except ValueError:
                 return ""
+            missing = (" Not drawn: " + _not_placed_note(not_placed) if not_placed else "")
             return (f'<figure id="fig-roofline"><img src="data:image/png;base64,{img}" alt="Roofline plot">'
                     "<figcaption>Roofline: each point a layer, at its arithmetic intensity and achieved rate; the "
-                    "line is the roofline, red edges mark layers faster than their bound. Layers without FLOPs "
-                    "(data movement such as Reshape) or without a measurement cannot be placed.</figcaption></figure>")
+                    "lines are the rooflines, red edges mark layers faster than their bound, triangles int8 "
+                    f"kernels.{missing}</figcaption></figure>")
         return ""
-    gflops, bw = peaks.get("gflops"), peaks.get("bandwidth_gbs")
+    gflops, bw, int8_peak = peaks.get("gflops"), peaks.get("bandwidth_gbs"), peaks.get("int8_gops")
     fig = new_figure(8.0, 5.5)
     ax = fig.add_subplot()
     xs_all: list[float] = []
-    no_flops = unmeasured = total = 0
+    total = placed = 0
+    any_int8 = any_flagged = False
     for k, m in enumerate(models):
-        layers = [r for r in m.get("layers") or [] if isinstance(r, Mapping)]
+        layers = _layers(m)
         total += len(layers)
-        pts = []
-        for r in layers:
-            if not (r.get("flops") or 0) > 0 or not finite(r.get("arithmetic_intensity")):
-                no_flops += 1
-            elif not r.get("measured_s"):
-                unmeasured += 1
-            else:
-                pts.append((float(r["arithmetic_intensity"]), r["flops"] / r["measured_s"] / 1e9, bool(r.get("beats_bound"))))
+        pts = [(float(r["arithmetic_intensity"]), _work(r) / r["measured_s"] / 1e9, bool(r.get("beats_bound")),
+                _is_int8(r)) for r in layers if _why_not_placed(r) is None]
         if not pts:
             continue
-        x, y, flag = zip(*pts)
-        xs_all += x
+        placed += len(pts)
         colour = f"C{k % 10}"
-        # Rasterized: a thousand vector markers would weigh more than the rest of the report.
-        ax.scatter(x, y, s=22, color=colour, alpha=0.75, label=label(m.get("name", "?"), 24), rasterized=True,
-                   edgecolors=["red" if f else colour for f in flag], linewidths=[1.5 if f else 0.5 for f in flag])
+        # Float layers as circles under the float32 roofline, int8 kernels as
+        # triangles under the int8 one (their operations: integer ops and FLOPs).
+        for int8, marker in ((False, "o"), (True, "^")):
+            sel = [p for p in pts if p[3] == int8]
+            if not sel:
+                continue
+            x, y, flag, _ = zip(*sel)
+            xs_all += x
+            any_int8 |= int8
+            any_flagged |= any(flag)
+            # Rasterized: a thousand vector markers would weigh more than the rest of the report.
+            ax.scatter(x, y, s=22, marker=marker, color=colour, alpha=0.75, rasterized=True,
+                       edgecolors=["red" if f else colour for f in flag], linewidths=[1.5 if f else 0.5 for f in flag])
+        ax.scatter([], [], s=22, marker="o", color=colour, label=label(m.get("name", "?"), 24))
+    int8_layers = any(_is_int8(r) for m in models for r in _layers(m))
     if finite(gflops) and finite(bw) and bw > 0 and xs_all:
         import numpy as np
 
         ridge = gflops / bw
-        grid = np.geomspace(min([*xs_all, ridge]) / 4, max([*xs_all, ridge]) * 4, 200)
+        ridges = [ridge]
+        int8_top = float(int8_peak) if int8_layers and finite(int8_peak) else None
+        int8_ridge = int8_top / bw if int8_top is not None else None
+        if int8_ridge is not None:
+            ridges.append(int8_ridge)
+        grid = np.geomspace(min([*xs_all, *ridges]) / 4, max([*xs_all, *ridges]) * 4, 200)
         ax.plot(grid, np.minimum(gflops, grid * bw), color="black", lw=1.5,
                 label=f"roofline: {gflops:.0f} GFLOP/s, {bw:.1f} GB/s")
         ax.axvline(ridge, color="grey", lw=0.8, ls=":", label=f"ridge point ({ridge:.1f} FLOP/byte)")
-    ax.scatter([], [], s=22, facecolors="white", edgecolors="red", linewidths=1.5, label="faster than its bound")
+        if int8_top is not None and int8_ridge is not None:
+            ax.plot(grid, np.minimum(int8_top, grid * bw), color="dimgrey", lw=1.2, ls="--",
+                    label=f"int8 roofline: {int8_top:.0f} GOP/s")
+            ax.axvline(int8_ridge, color="grey", lw=0.8, ls="-.", label=f"int8 ridge point ({int8_ridge:.1f} op/byte)")
+    if any_int8:
+        ax.scatter([], [], s=22, marker="^", color="grey", label="int8 kernel (circle: float)")
+    if any_flagged:
+        ax.scatter([], [], s=22, facecolors="white", edgecolors="red", linewidths=1.5, label="faster than its bound")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("achieved GFLOP/s")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte" + ("; int8 kernels: op/byte)" if int8_layers else ")"))
+    ax.set_ylabel("achieved GFLOP/s" + (" (int8 kernels: GOP/s)" if int8_layers else ""))
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    placed = total - no_flops - unmeasured
-    note = (f"{placed} of {total} layers drawn, one point each at its arithmetic intensity and achieved rate, "
-            "coloured by model.")
-    if no_flops:
-        note += (f" {no_flops} move data without arithmetic (no FLOPs: Reshape, Transpose, Concat...) and have no "
-                 "place on this plot.")
-    if unmeasured:
-        note += f" {unmeasured} have no measurement in the store."
-    return figure(fig, "fig-roofline", "Roofline: layers against the machine's ceilings", legend=esc(note))
+    note = esc(f"{placed} of {total} layers drawn, one point each at its arithmetic intensity and achieved rate, "
+               "coloured by model.")
+    if not_placed:
+        note += " Not drawn: " + _not_placed_note(not_placed)
+    if int8_layers and not finite(int8_peak):
+        note += esc(" The int8 peak was not measured (peaks from an older version): int8 kernels have no ceiling "
+                    "of their own here.")
+    return figure(fig, "fig-roofline", "Roofline: layers against the machine's ceilings", legend=note)
 
 
 def _models_table(models: Sequence[Mapping[str, Any]]) -> str:
     rows = []
+    graphs = any(m.get("graph") for m in models)  # roofline JSONs before --graph have none
     for m in models:
         rows.append([
             m.get("name"), m.get("n_layers"), seconds_cell(m.get("measured_s")), _when(m.get("measured_source")),
             seconds_cell(m.get("ideal_sequential_s")), seconds_cell(m.get("ideal_critical_path_s")),
             number_cell(m.get("efficiency")), m.get("layers_measured"), m.get("beats_bound"),
             ", ".join(m.get("kinds_without_formula") or []),
-        ])
+        ] + ([{"runtime": "onnxruntime's", "source": "the model file's"}.get(str(m.get("graph")), "")]
+             if graphs else []))
     cols = ["model", "layers", "measured latency", "measured", "at the bound (layers in sequence)",
             "at the bound (critical path)", "efficiency (bound / measured)", "layers measured",
-            "layers faster than their bound", "op types without a FLOP formula"]
+            "layers faster than their bound", "op types without a formula"] + (["layers of the graph"] if graphs else [])
     return table(cols, rows, tid="table-roofline", caption="Models against their roofline bound")
 
 

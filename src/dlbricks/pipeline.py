@@ -335,10 +335,11 @@ def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed:
         return str(path), bounds
 
     label = f"{w.kind} {w.digest[:12]}" if w.kind == "brick" else f"model {getattr(w.model, 'name', w.digest[:12])}"
-    # A whole model is the reference its bricks are compared with: measured over the
-    # same rounds as they are.
-    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label,
-                      reference=w.kind == "model")
+    # Whole models are not engine references (measured over every round of their
+    # bricks): in interleaved A/B runs of four light models that changed neither the
+    # run-to-run range of normalized latency (0.06 either way) nor its interval
+    # coverage, and it doubled the light corpus' evaluate time.
+    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label)
 
 
 def precision_groups(models: Sequence[ModelLike], Gs: Sequence[int], todo: Sequence[WorkItem]) -> list[Group]:

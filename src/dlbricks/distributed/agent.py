@@ -163,7 +163,7 @@ class TimingAgent:
         self.shapes.clear()
         engine_items = [
             EngineItem(f"{it['kind']}:{it['digest']}", self._source(it), seed=self.seed, warm=it["kind"] == "model",
-                       label=f"{it['kind']} {it['digest'][:12]}", reference=it["kind"] == "model")
+                       label=f"{it['kind']} {it['digest'][:12]}")
             for it in items
         ]
         results: dict[str, Any] = {}

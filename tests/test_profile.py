@@ -16,19 +16,19 @@ import time
 import numpy as np
 import onnx
 import pytest
+from conftest import light
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import light
 from dlbricks.cli import main
 from dlbricks.errors import DlbricksError, UsageError
 from dlbricks.loading import load
-from dlbricks.profiling.perfevents import EVENTS, CounterSet, PerfUnavailable, derived_metrics, probe
 from dlbricks.profiling import ProfileOptions, parse_levels, profile_model, render_profile
 from dlbricks.profiling.join import join_layers
 from dlbricks.profiling.options import LEVELS
 from dlbricks.profiling.ort_profile import OrtNode, parse_ort_profile
-from dlbricks.timing import RunnerConfig
+from dlbricks.profiling.perfevents import EVENTS, CounterSet, PerfUnavailable, derived_metrics, probe
 from dlbricks.profiling.tracing import OtelConfig, Recorder, validate_chrome_trace
+from dlbricks.timing import RunnerConfig
 
 # Quick sampling: these tests check structure and reconciliation, not speed.
 QUICK = RunnerConfig(warmup_iters=1, warmup_time=0.0, min_iters=3, min_time=0.0, max_time=0.5, target_ci=0.05)
@@ -68,6 +68,55 @@ def tiny_net() -> onnx.ModelProto:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
         inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def ffn_net() -> onnx.ModelProto:
+    """A transformer's feed-forward block as exporters write it: MatMul+Add, an erf
+    GELU, MatMul+Add. onnxruntime makes each MatMul+Add a Gemm between two Reshapes
+    it inserts (the Gemm named after the MatMul, the Reshape after it producing the
+    Add's output) and the GELU one com.microsoft Gelu named after none of its nodes."""
+    rng = np.random.default_rng(0)
+
+    def init(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    def scalar(name: str, v: float) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(v, np.float32), name)
+
+    inits = [init("w1", 32, 64), init("b1", 64), init("w2", 64, 32), init("b2", 32),
+             scalar("sqrt2", 1.4142135), scalar("one", 1.0), scalar("half", 0.5)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="/ffn/lin1/MatMul"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"], name="/ffn/lin1/Add"),
+        helper.make_node("Div", ["h1", "sqrt2"], ["g0"], name="/ffn/act/Div"),
+        helper.make_node("Erf", ["g0"], ["g1"], name="/ffn/act/Erf"),
+        helper.make_node("Add", ["g1", "one"], ["g2"], name="/ffn/act/Add"),
+        helper.make_node("Mul", ["h1", "g2"], ["g3"], name="/ffn/act/Mul"),
+        helper.make_node("Mul", ["g3", "half"], ["g4"], name="/ffn/act/Mul_1"),
+        helper.make_node("MatMul", ["g4", "w2"], ["h2"], name="/ffn/lin2/MatMul"),
+        helper.make_node("Add", ["h2", "b2"], ["y"], name="/ffn/lin2/Add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def int8_net() -> onnx.ModelProto:
+    """A uint8 activation times a constant int8 weight (MatMulInteger), then Cast."""
+    w = numpy_helper.from_array(np.random.default_rng(0).integers(-128, 128, (64, 48), dtype=np.int8), "w")
+    nodes = [helper.make_node("MatMulInteger", ["a", "w"], ["acc"], name="qmm"),
+             helper.make_node("Cast", ["acc"], ["y"], name="cast", to=TensorProto.FLOAT)]
+    graph = helper.make_graph(
+        nodes, "int8_mm", [helper.make_tensor_value_info("a", TensorProto.UINT8, [16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 48])], [w],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -247,6 +296,51 @@ def test_join_leaves_unknown_kernels_unmatched_rather_than_guessing():
     assert join.layers["mystery"] == [] and len(join.unassigned) == model.n_layers
 
 
+def test_every_kernel_of_a_fused_transformer_block_is_attributed_and_traced_to_its_source_layers():
+    model = load(ffn_net())
+    opts = ProfileOptions(levels=("layer",), runs=2, warmup=1, config=QUICK, calibrate=False)
+    res = profile_model(model, opts, on_message=None)
+    join, kernels = res["join"], res["kernels"]
+    # Every kernel onnxruntime ran is a layer of its runtime graph, with that layer's cost.
+    assert join["graph"] == "runtime" and join["attributed"] == join["kernels"] == len(kernels) == 7
+    assert join["unattributed"] == [] and "unmatched" not in join["by_match"]
+    assert all(k["attributed"] and k["runtime_layer"]["name"] == k["kernel"] for k in kernels)
+    assert not any("not attributed" in w or "not traced" in w for w in res["warnings"])
+    # ... and each source layer is in exactly one kernel: the Gemm holds its
+    # MatMul and the bias Add, the Gelu the five nodes of the erf formula.
+    by_op = {}
+    for k in kernels:
+        by_op.setdefault(k["op"], []).append(k)
+    gemms = sorted(by_op["Gemm"], key=lambda k: k["kernel"])
+    assert [[m["name"] for m in k["layers"]] for k in gemms] == [
+        ["/ffn/lin1/MatMul", "/ffn/lin1/Add"], ["/ffn/lin2/MatMul", "/ffn/lin2/Add"]]
+    assert all(k["match"] == "name" and k["cost_of"] == "runtime layer" for k in gemms)
+    # The Gemm's work is its runtime layer's: 2 x 16 x 32 x 64 multiply-adds and the bias.
+    assert gemms[0]["flops"] >= 2 * 16 * 32 * 64 and gemms[0]["runtime_layer"]["op_type"] == "Gemm"
+    (gelu,) = by_op["Gelu"]
+    assert [m["op_type"] for m in gelu["layers"]] == ["Div", "Erf", "Add", "Mul", "Mul"]
+    assert gelu["match"] == "output" and gelu["label"] == "Div+Erf+Add+Mul"
+    # The Reshapes onnxruntime put around each Gemm come from no source layer, and say so.
+    assert len(by_op["Reshape"]) == 4
+    assert all(k["match"] == "inserted" and k["layers"] == [] and k["label"] == "Reshape (inserted)"
+               for k in by_op["Reshape"])
+    assert join["inserted_ops"] == {"Reshape": 4} and join["unassigned_layers"] == 0
+    assert sorted(m["index"] for k in kernels for m in k["layers"]) == list(range(model.n_layers))
+    text = render_profile(res)
+    assert "join: all 7 kernels attributed to the runtime graph's layers" in text
+    assert "traced to source layers: 2 by name, 1 by output tensor; 0 source layers without a kernel" in text
+    assert "inserted by onnxruntime (no source layer): Reshape 4" in text
+
+
+def test_int8_kernels_report_their_integer_ops_as_work():
+    opts = ProfileOptions(levels=("layer",), runs=2, warmup=1, config=QUICK, calibrate=False)
+    res = profile_model(load(int8_net()), opts, on_message=None)
+    (mm,) = [k for k in res["kernels"] if k["op"] == "MatMulInteger"]
+    assert mm["int_ops"] == 2 * 16 * 64 * 48 and mm["layers"][0]["int_ops"] == mm["int_ops"]
+    assert mm["gops"] == pytest.approx((mm["flops"] + mm["int_ops"]) / (mm["corrected_us"] * 1e3))
+    assert res["join"]["attributed"] == res["join"]["kernels"]
+
+
 # --------------------------------------------------------------------------- the full profile
 
 
@@ -257,6 +351,7 @@ def test_profile_covers_every_layer_and_reconciles(full_profile):
     kernels = res["kernels"]
     joined = sorted(m["index"] for k in kernels for m in k["layers"])
     assert joined == list(range(res["model"]["layers"]))  # each layer in exactly one kernel
+    assert res["join"]["attributed"] == len(kernels) and all(k["runtime_layer"] for k in kernels)
     conv0 = next(k for k in kernels if any(m["name"] == "conv0" for m in k["layers"]))
     assert [m["op_type"] for m in conv0["layers"]] == ["Conv", "BatchNormalization", "Relu"]
     ll = res["layer_level"]

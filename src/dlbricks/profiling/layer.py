@@ -107,7 +107,8 @@ def layer_numbers(
     Args:
         lr: the layer level's runs.
         by_name: kernel name -> its record; ``raw_us``, ``raw_runs_us``,
-            ``corrected_us``, ``share`` and ``gflops`` are set in it.
+            ``corrected_us``, ``share``, ``gflops`` (FLOPs per second) and
+            ``gops`` (FLOPs and integer ops per second) are set in it.
         t_model_us: the model level's latency (None: the unprofiled runs are the
             reference).
         opts: the profile's options (``calibrate``, ``config``).
@@ -164,6 +165,9 @@ def layer_numbers(
         k["corrected_us"] = corrected
         k["share"] = corrected / reference if reference > 0 else None
         k["gflops"] = k["flops"] / (corrected * 1e3) if corrected > 0 and k["flops"] else None
+        # The rate of all its work: FLOPs and, for an int8 kernel, its integer ops.
+        work = k["flops"] + k.get("int_ops", 0)
+        k["gops"] = work / (corrected * 1e3) if corrected > 0 and work else None
         raw_sum += raw
         corr_sum += corrected
     framework = reference - corr_sum
@@ -212,14 +216,18 @@ def record_layer_spans(
     each kernel's span carrying its record; then one span for the unprofiled runs."""
     runs, prof_times, unprof_times, profile_start_ns = lr.runs, lr.profiled, lr.unprofiled, lr.profile_start_ns
     static_keys = ("kernel", "op", "provider", "match", "label", "brick_digest", "input_shapes", "output_shapes",
-                   "flops", "bytes_min", "raw_us", "corrected_us", "share", "isolated_us", "in_model_over_isolated",
-                   "counters", "derived", "hw_overhead_us")
+                   "flops", "int_ops", "bytes_min", "raw_us", "corrected_us", "share", "gops", "isolated_us",
+                   "in_model_over_isolated", "counters", "derived", "hw_overhead_us")
     static: dict[str, dict[str, Any]] = {}
     for name, k in by_name.items():
         a = {key: k.get(key) for key in static_keys if k.get(key) is not None}
         a["layers"] = [m["name"] for m in k.get("layers", [])]
         a["op_types"] = [m["op_type"] for m in k.get("layers", [])]
         a["brick_digests"] = [m["brick_digest"] for m in k.get("layers", [])]
+        rt = k.get("runtime_layer")
+        if rt:
+            a["runtime_layer"] = rt["name"]
+            a["runtime_op_type"] = rt["op_type"]
         static[name] = a
     for i, ((t0, t1), r) in enumerate(zip(prof_times, runs)):
         start, end = perf_to_epoch_ns(t0), perf_to_epoch_ns(t1)

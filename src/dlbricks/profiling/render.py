@@ -98,7 +98,7 @@ def render_profile(result: Mapping[str, Any], *, top: int = 15) -> str:
         has_ipc = any((k.get("derived") or {}).get("ipc") is not None for k in kernels)
         lines.append("")
         lines.append(f"top {min(top, len(kernels))} layers by {'corrected' if ll else 'isolated brick'} time")
-        hdr = f"  {'#':>3} {'layer(s)':<24} {'op':<30} {'corrected':>10} {'share':>6} {'raw':>9} {'GFLOP/s':>8}"
+        hdr = f"  {'#':>3} {'layer(s)':<24} {'op':<30} {'corrected':>10} {'share':>6} {'raw':>9} {'GOP/s':>8}"
         if has_iso:
             hdr += f" {'isolated':>9} {'in/iso':>6}"
         if has_ipc:
@@ -117,7 +117,7 @@ def render_profile(result: Mapping[str, Any], *, top: int = 15) -> str:
             row = (
                 f"  {i:>3} {names:<24} {label:<30} {fmt_us(k.get('corrected_us')):>10} "
                 f"{_fmt_share(k.get('share')):>6} {fmt_us(k.get('raw_us')):>9} "
-                f"{_fmt_num(k.get('gflops')):>8}"
+                f"{_fmt_num(k.get('gops', k.get('gflops'))):>8}"
             )
             if has_iso:
                 iso = k.get("isolated_us")
@@ -149,13 +149,41 @@ def render_profile(result: Mapping[str, Any], *, top: int = 15) -> str:
     join = result.get("join")
     if join:
         lines.append("")
-        lines.append(
-            f"join: {join['kernels']} kernels ({', '.join(f'{v} {h}' for h, v in join['by_match'].items())}); "
-            f"{join['unassigned_layers']} layers without a kernel"
-        )
+        lines += _join_lines(join)
     for w in result.get("warnings") or []:
         lines.append(f"warning: {w}")
     return "\n".join(lines) + "\n"
+
+
+#: How a kernel's source layers were found (:class:`~dlbricks.profiling.join.Join`), in words.
+_HOW = {"name": "by name", "output": "by output tensor", "shape": "by op type and shape",
+        "fused": "fused into a neighbour's kernel", "unmatched": "not traced"}
+
+
+def _ops(ops: Mapping[str, int]) -> str:
+    return ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _join_lines(join: Mapping[str, Any]) -> list[str]:
+    """Which layers the kernels are: how many are attributed (to the runtime graph's
+    layers, or to source layers), how their source layers were found, and what
+    onnxruntime inserted."""
+    n = join["kernels"]
+    attributed = join.get("attributed")
+    where = "the runtime graph's layers" if join.get("graph") == "runtime" else "source layers"
+    if attributed is None:  # a profile from before attribution was counted
+        head = f"join: {n} kernels"
+    elif attributed == n:
+        head = f"join: all {n} kernels attributed to {where}"
+    else:
+        head = (f"join: {attributed} of {n} kernels attributed to {where}; not: "
+                f"{_ops(join.get('unattributed_ops') or {})}")
+    by = {h: v for h, v in (join.get("by_match") or {}).items() if h not in ("inserted", "runtime")}
+    traced = ", ".join(f"{v} {_HOW.get(h, h)}" for h, v in by.items()) or "none"
+    lines = [head, f"  traced to source layers: {traced}; {join['unassigned_layers']} source layers without a kernel"]
+    if join.get("inserted_ops"):
+        lines.append(f"  inserted by onnxruntime (no source layer): {_ops(join['inserted_ops'])}")
+    return lines
 
 
 def _fmt_share(v: float | None) -> str:

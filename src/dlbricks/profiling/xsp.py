@@ -19,8 +19,8 @@ Levels:
     as end-to-end runs use, seeded like the bricks). The layer level profiles the
     very same bytes.
 ``layer``
-    onnxruntime's profiler, its kernels joined to source layers
-    (:mod:`.join`) and corrected for the profiler's own cost (:mod:`.layer`,
+    onnxruntime's profiler, its kernels attributed to the layers of the graph it
+    executes and joined back to source layers (:mod:`.join`), and corrected for the profiler's own cost (:mod:`.layer`,
     :mod:`.ort_profile`).
 ``hw``
     Perf counters and the isolated time of each kernel's brick, in a worker
@@ -128,6 +128,28 @@ def _executed_runs(
     return None, None, []
 
 
+def _runtime_graph(
+    model: Model, opts: ProfileOptions, rec: Recorder, root: SpanRef, warnings: list[str]
+) -> Model | None:
+    """The graph onnxruntime executes, loaded as a model with the session options the
+    levels run with: its layers are the profile's kernels, under the same names. None,
+    with a warning, when it cannot be built (the kernels are then joined to source
+    layers only)."""
+    from dlbricks.errors import DlbricksError, first_line
+    from dlbricks.loading.runtime_graph import runtime_models
+
+    span = rec.start("load the runtime graph (the kernels' layers)", parent=root)
+    shapes = {name: tuple(t.shape) for name, t in model.inputs if t.shape}
+    runtime: Model | None = None
+    try:
+        (runtime,) = runtime_models([model], config=opts.config, input_shapes=shapes or None)
+    except DlbricksError as exc:
+        warnings.append(f"the runtime graph cannot be loaded, so kernels are joined to source layers only: "
+                        f"{first_line(exc)}")
+    rec.end(span, args={"layers": runtime.n_layers if runtime is not None else 0})
+    return runtime
+
+
 def _op_type_totals(kernels: list[dict[str, Any]], reference_us: float) -> list[dict[str, Any]]:
     totals: dict[str, dict[str, Any]] = {}
     for k in kernels:
@@ -218,9 +240,11 @@ def profile_model(
     lr, s2, nodes = _executed_runs(model_bytes, int_bounds, opts, rec, root)
     kernels: list[dict[str, Any]] = []
     if nodes:
+        runtime = _runtime_graph(model, opts, rec, root, warnings)
         kernels, result["join"], result["unassigned_layers"] = kernel_records(
-            model, nodes, lr.runs if lr else [], warnings
+            model, nodes, lr.runs if lr else [], warnings, runtime
         )
+        del runtime
     result["kernels"] = kernels
     by_name = {k["kernel"]: k for k in kernels}
 

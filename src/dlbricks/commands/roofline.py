@@ -26,7 +26,7 @@ from dlbricks.commands._common import (
     runner_config,
     warn,
 )
-from dlbricks.errors import DlbricksError, ModelError, UsageError
+from dlbricks.errors import DlbricksError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.model import Model
@@ -144,9 +144,10 @@ def run(args: argparse.Namespace) -> int:
             rl.batch_what_if([s for s, g in zip(sources, graphs) if g == "source"], args.batch, analysis,
                              store=store, system_id=system_id, config_key=config_key, config=config,
                              measure=not args.no_measure, seed=args.seed, progress=progress)
-            _runtime_batch_what_if([s for s, g in zip(sources, graphs) if g == "runtime"], args.batch, analysis,
-                                   store=store, system_id=system_id, config_key=config_key, config=config,
-                                   measure=not args.no_measure, seed=args.seed, progress=progress)
+            rl.batch_what_if([s for s, g in zip(sources, graphs) if g == "runtime"], args.batch, analysis,
+                             store=store, system_id=system_id, config_key=config_key, config=config,
+                             measure=not args.no_measure, seed=args.seed, progress=progress,
+                             rebatched=lambda m, b: _runtime_rebatched(m, b, config))
         headroom = rl.layer_headroom(analysis, top=args.top)
         bricks = {}
         if store is not None:
@@ -208,55 +209,12 @@ def _as_sources(analysis: RooflineAnalysis, sources: Sequence[Model], *, store: 
             mr.measured_s, mr.measured_source = rec.median_ns * 1e-9, "end_to_end"
 
 
-def _runtime_batch_what_if(
-    sources: Sequence[Model],
-    batch: int,
-    analysis: RooflineAnalysis,
-    *,
-    store: Store | None,
-    system_id: str,
-    config_key: str,
-    config: RunnerConfig,
-    measure: bool,
-    seed: int,
-    progress: bool,
-) -> None:
-    """The batch scenario of models cut from their runtime graphs: each source model
-    re-batched (:func:`~dlbricks.roofline.analysis.rebatch`, which names a pinned
-    batch), its runtime graph at that batch measured and analysed; the scenario in
-    ``analysis`` as :func:`~dlbricks.roofline.analysis.batch_what_if` sets it.
-
-    ``batch_what_if`` re-batches the models it is given from their files, which a
-    runtime graph does not have."""
+def _runtime_rebatched(source: Model, batch: int, config: RunnerConfig) -> Model:
+    """The runtime graph of a source model re-batched (:func:`~dlbricks.roofline.analysis.rebatch`,
+    which names a pinned batch): a runtime graph has no file to re-batch from."""
     from dlbricks.loading.runtime_graph import runtime_models
-    from dlbricks.pipeline import bench
     from dlbricks.roofline import analysis as rl
 
-    batched: list[Model] = []
-    result: dict[str, dict] = {}
-    for src in sources:
-        try:
-            again = rl.rebatch(src, batch)
-            shapes = {name: t.shape for name, t in again.inputs if t.shape}
-            batched += runtime_models([again], config=config, input_shapes=shapes)
-        except ModelError as exc:
-            result[src.name] = {"batch": batch, "rebatchable": False, "error": str(exc)}
-    if batched and measure and store is not None:
-        bench(batched, [1], store=store, config=config, seed=seed, progress=progress)
-    if batched:
-        sub = rl.analyze(batched, analysis.peaks, store=store, system_id=system_id, config_key=config_key,
-                         noise=analysis.noise)
-        for mr in sub.models:
-            base = next(x for x in analysis.models if x.name == mr.name)
-            b0 = base.batch or 1
-            per_sample = mr.layer_sum_s / batch if mr.layer_sum_s is not None else None
-            base_per = base.layer_sum_s / b0 if base.layer_sum_s is not None else None
-            result[mr.name] = {
-                "batch": batch, "rebatchable": True, "latency_s": mr.layer_sum_s,
-                "ideal_latency_s": mr.ideal_sequential_s, "per_sample_latency_s": per_sample,
-                "per_sample_speedup": (base_per / per_sample if base_per is not None and per_sample else None),
-                "layers_missing": mr.layers_missing, "beats_bound": sum(r.beats_bound for r in mr.layers),
-            }
-    for mr in analysis.models:
-        if mr.name in result:
-            mr.scenarios["batch"] = result[mr.name]
+    again = rl.rebatch(source, batch)
+    shapes = {name: t.shape for name, t in again.inputs if t.shape}
+    return runtime_models([again], config=config, input_shapes=shapes)[0]

@@ -66,7 +66,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -553,6 +553,7 @@ def batch_what_if(
     measure: bool = True,
     seed: int = 0,
     progress: bool = False,
+    rebatched: Callable[[Model, int], Model] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The batch scenario: each model's latency with its inputs' leading dim at ``batch``.
 
@@ -567,6 +568,9 @@ def batch_what_if(
         config: the runner configuration (needed with ``measure``).
         measure: time bricks the store lacks.
         seed, progress: as for :func:`dlbricks.pipeline.bench`.
+        rebatched: makes the model to measure from one of ``models`` and the batch
+            (default :func:`rebatch`; e.g. the runtime graph of the re-batched source),
+            raising :class:`ModelError` when it cannot be re-batched.
 
     Returns:
         Model name -> its batch scenario dict: ``batch``, ``rebatchable`` and, when
@@ -580,7 +584,7 @@ def batch_what_if(
     result: dict[str, dict[str, Any]] = {}
     for m in models:
         try:
-            batched.append(rebatch(m, batch))
+            batched.append((rebatched or rebatch)(m, batch))
         except ModelError as exc:
             result[m.name] = {"batch": batch, "rebatchable": False, "error": str(exc)}
     if batched and measure and store is not None:

@@ -8,6 +8,7 @@ process a node starts is tracked, and the teardown ends exactly those.
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import secrets
@@ -18,7 +19,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import _thread
 import threading
 import time
 from pathlib import Path
@@ -45,11 +45,11 @@ from dlbricks.distributed import (  # noqa: E402
     load_corpus_ray,
     node_cores,
 )
+from dlbricks.distributed.driver import BATCH  # noqa: E402
 from dlbricks.errors import DlbricksError  # noqa: E402
 from dlbricks.store import Store  # noqa: E402
-from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint  # noqa: E402
-from dlbricks.distributed.driver import BATCH  # noqa: E402
 from dlbricks.timing import RunnerConfig  # noqa: E402
+from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint  # noqa: E402
 
 pytestmark = [
     pytest.mark.ray,
@@ -383,6 +383,75 @@ def test_bench_on_ray_checks_precision_and_remeasures_exactly_what_it_flags(clus
     with Store(store_path, readonly=True) as st:
         after = {r.digest: r.created_at for r in st.results(with_times=False)}
     assert {d for d in before if after[d] != before[d]} == {digests["Conv"], digests["Sigmoid"]}
+
+
+def test_bench_on_ray_e2e_prints_each_models_latency_per_system_kind(cluster, tmp_path, capsys, monkeypatch):
+    import onnx
+    from test_outputs import CLI, MEDIANS, fill
+    from test_pipeline import chain_model, diamond_model
+
+    import dlbricks.distributed
+    from dlbricks.commands._common import render_latencies
+    from dlbricks.loading import load
+
+    zoo = [tmp_path / "chain.onnx", tmp_path / "diamond.onnx"]
+    onnx.save(chain_model(3), str(zoo[0]))
+    onnx.save(diamond_model(), str(zoo[1]))
+    store_path = tmp_path / "s.sqlite"
+    with Store(store_path) as st:
+        # Under the key the agents report (both nodes are this machine): nothing to measure.
+        fill(st, [load(p) for p in zoo], 1, median_of=MEDIANS, e2e={"chain": 60_000.0, "diamond": 8_000.0},
+             e2e_se_rel=0.02)
+    # CLI cuts the source graph, as Ray does: the local run reads the same results.
+    local_argv = ["bench", *map(str, zoo), "-G", "1", "--e2e", "--store", str(store_path), *CLI]
+    argv = [*local_argv, "--ray", cluster.address]
+
+    capsys.readouterr()
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    head = next(x for x in text.splitlines() if "median" in x)
+    assert "p90" in head and "p99" in head and "95% interval" in head
+    rows = {x.split()[1]: x for x in text.splitlines() if x[2:].startswith(("chain", "diamond"))}
+    assert "60.000" in rows["chain"] and "8.000" in rows["diamond"]
+    assert rows["chain"].startswith("!") and "end to end: +/-" in rows["chain"]
+
+    rc, out = _run_json([*argv, "--json"], capsys)
+    assert rc == 0 and out["models_measured"] == 0 and out["models_reused"] == 2
+    keys = {"name", "path", "median_s", "p90_s", "p99_s", "ci_low_s", "ci_high_s", "rounds", "stop_reason",
+            "flagged", "flags"}
+    assert all(keys <= set(m) for m in out["models"])
+    by_name = {m["name"]: m for m in out["models"]}
+    assert by_name["chain"]["median_s"] == pytest.approx(60e-6) and by_name["chain"]["path"] == str(zoo[0])
+    assert by_name["chain"]["flagged"] and by_name["chain"]["flags"][0].startswith("end to end: +/-")
+    assert out["systems"][out["system_id"]]["models"] == out["models"]
+    # What a local bench --e2e reports from the same results, and its table.
+    rc, local = _run_json([*local_argv, "--json"], capsys)
+    assert rc == 0 and local["models"] == out["models"]
+    assert render_latencies(out["models"]) in text
+
+    # A second system kind (this machine's nodes are one kind; this one measured
+    # nothing): each kind's table under its own line, its models in its JSON block.
+    real = dlbricks.distributed.bench_on_ray
+    other = "f" * 32
+
+    def two_kinds(*args, **kwargs):
+        summary = real(*args, **kwargs)
+        summary.systems[other] = {"cpu": "another cpu", "nodes": 1}
+        return summary
+
+    monkeypatch.setattr(dlbricks.distributed, "bench_on_ray", two_kinds)
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = {x.split()[1]: i for i, x in enumerate(lines) if x.startswith("system ")}
+    assert set(at) == {out["system_id"], other}
+    mine, theirs = lines[at[out["system_id"]] + 1:at[other]], lines[at[other] + 1:]
+    assert "median" in mine[0] and "60.000" in next(x for x in mine if x[2:].startswith("chain"))
+    assert "median" in theirs[0] and [x.split() for x in theirs[1:3]] == [["chain", "missing"], ["diamond", "missing"]]
+    assert sum("median" in x for x in lines) == 2  # no third table for the first kind
+    rc, both = _run_json([*argv, "--json"], capsys)
+    assert rc == 0 and both["models"] == out["models"]
+    assert both["systems"][out["system_id"]]["models"] == out["models"]
+    assert [m["status"] for m in both["systems"][other]["models"]] == ["missing", "missing"]
 
 
 def test_a_brick_lost_with_its_node_is_stored_not_measured_and_measured_next_run(cluster, corpus, tmp_path):

@@ -106,9 +106,12 @@ def _report(
     *,
     check: Assessment | None = None,
     latencies: list[dict] | None = None,
+    latency_table: bool = True,
 ) -> int:
     """Emit a bench summary (local, or Ray's with its per-system ``details``) as text or
-    JSON; returns the exit code."""
+    JSON; returns the exit code. ``latencies`` are the JSON's ``models``, and printed
+    unless not ``latency_table`` (a Ray run over several system kinds prints each
+    kind's table in ``details``)."""
     out = {"schema_version": SCHEMA_VERSION, **summary.to_dict()}
     out["store"] = str(store_path)
     out["G"] = Gs
@@ -126,7 +129,7 @@ def _report(
             f"models: {summary.models_total}, {summary.models_reused} reused, "
             f"{summary.models_measured} measured, {summary.models_failed} failed\n"
         )
-    if latencies:
+    if latencies and latency_table:
         text += render_latencies(latencies)
     text += details + f"store: {out['store']}  ({summary.wall_s:.1f} s)\n"
     emit(args, text, out)
@@ -193,6 +196,10 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> i
             if not check.ok:
                 warn(f"system {sid} ({per['cpu']}):")
             print_check(check)
+        # Each system kind's end-to-end latencies, as a local bench --e2e reports them.
+        latencies = {sid: model_latencies(store, models, sid, summary.config_key, checks[sid])
+                     for sid in summary.systems} if args.e2e else {}
+    several = len(summary.systems) > 1
     details = ""
     for sid, per in summary.systems.items():
         details += (
@@ -200,6 +207,11 @@ def _run_ray(args: argparse.Namespace, Gs: list[int], config: RunnerConfig) -> i
             f"{per.get('bricks_reused', 0)} reused, {per.get('bricks_failed', 0)} failed\n"
         )
         per["precision_check"] = checks[sid].to_dict()
+        if sid in latencies:
+            per["models"] = latencies[sid]
+            if several and latencies[sid]:
+                details += render_latencies(latencies[sid])
     if summary.nodes_lost:
         details += f"nodes lost: {summary.nodes_lost}, bricks retried: {summary.retries}, not measured: {summary.lost}\n"
-    return _report(args, summary, store.path, Gs, config, details, check=checks.get(summary.system_id))
+    return _report(args, summary, store.path, Gs, config, details, check=checks.get(summary.system_id),
+                   latencies=latencies.get(summary.system_id), latency_table=not several)

@@ -10,7 +10,8 @@ so that variants that share a runner configuration share their end-to-end runs:
   model instead of once per brick (a reconstruction switch: no new measurement);
 - ``runtime+call``: the graph onnxruntime executes (its fusions inside bricks);
 - ``runtime+call+cold``: the same, bricks timed with cold caches (weights evicted by
-  other sessions' runs between any two runs, inputs read just before the run).
+  other sessions' runs between any two runs, inputs read just before the run);
+- ``runtime+call+auto``: cold only for bricks whose weights outgrow the L2 cache.
 
 and with ``--threads 2`` the default variant again on two cores. Printed: a per-model
 table of normalized latency (reconstructed / end to end) per variant, and per variant
@@ -61,7 +62,7 @@ def run_corpus(paths: list[str], Gs: list[int], variants: list[str], threads: in
     out: dict[str, Any] = {"models": [m.name for m in models], "variants": {}}
     for v in variants:
         parts = v.split("+")
-        cfg = _config(threads, "cold" if "cold" in parts else "warm", "call" in parts)
+        cfg = _config(threads, "cold" if "cold" in parts else "auto" if "auto" in parts else "warm", "call" in parts)
         t0 = time.perf_counter()
         if parts[0] == "runtime":
             if rt is None:

@@ -195,6 +195,34 @@ def test_slow_phases_that_persist_over_rounds_widen_the_interval():
     assert phases["b"].median_se_ns > 1.5 * alternating["b"].median_se_ns
 
 
+def test_auto_cache_state_times_cold_only_sessions_whose_weights_outgrow_l2(monkeypatch):
+    import dlbricks.timing.engine as engine
+
+    monkeypatch.setattr(engine, "_l2_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(engine, "_source_bytes", lambda spec: spec["bytes"])
+    plans: list[tuple[str, int, bool]] = []
+
+    class Recording(SyntheticWorker):
+        def send(self, msg):
+            if msg is not None and msg[0] == "round":
+                plans.extend(msg[1])
+            super().send(msg)
+
+    specs = {"big": {"ns": 1e5, "cv": 0.01, "bytes": 4 << 20}, "small": {"ns": 1e5, "cv": 0.01, "bytes": 64 << 10},
+             "model": {"ns": 1e5, "cv": 0.01, "bytes": 400 << 20}}
+    rng = np.random.default_rng(0)
+    items = [EngineItem(i, spec, warm=i == "model") for i, spec in specs.items()]
+    for state, cold in (("auto", {"big"}), ("warm", set()), ("cold", {"big", "small"})):
+        plans.clear()
+        measure(items, [], RunnerConfig(cache_state=state, min_rounds=3, max_rounds=3), on_result=lambda it, r: None,
+                worker_factory=lambda c, t: Recording(c, t, rng=rng))
+        timed_cold = {i for i, _, warm in plans if not warm}
+        if state == "warm":
+            assert timed_cold <= {"big", "small"}  # the worker times everything warm anyway
+        else:
+            assert timed_cold == cold, state
+
+
 def test_a_crashing_session_fails_alone_and_the_rest_are_measured():
     specs = {"ok1": {"ns": 1e5, "cv": 0.02}, "boom": {"ns": 1e5, "cv": 0.02}, "ok2": {"ns": 1e5, "cv": 0.02}}
     results, _, summary = run_synthetic(specs, {}, crash_on=("boom",))
@@ -244,7 +272,7 @@ def _matmul_model(n: int, name: str) -> bytes:
     return m.SerializeToString()
 
 
-@pytest.mark.parametrize("cache_state", ["warm", "cold"])
+@pytest.mark.parametrize("cache_state", ["warm", "cold", "auto"])
 def test_real_workers_measure_sessions_from_bytes(cache_state):
     # 512x512 floats (1 MiB) go to the worker through a spool file, the others through the pipe.
     items = [EngineItem(f"mm{n}", _matmul_model(n, f"mm{n}"), label=f"mm{n}") for n in (64, 256, 512)]

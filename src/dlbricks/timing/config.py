@@ -25,7 +25,7 @@ _IDENTITY_FIELDS = (
     "thread_spinning",
 )
 #: What a timed run finds in the caches (see RunnerConfig.cache_state).
-CACHE_STATES = ("warm", "cold")
+CACHE_STATES = ("warm", "cold", "auto")
 #: What a timed run's duration is read from (see RunnerConfig.clock).
 CLOCKS = ("auto", "wall", "thread")
 
@@ -68,7 +68,13 @@ class RunnerConfig:
             and inputs cached (a brick looped alone). ``"cold"``: every run is
             separated by runs of other sessions, which evict its weights, and its
             inputs are read just before the run (as a layer finds the output its
-            predecessor just wrote). Part of the result key.
+            predecessor just wrote). ``"auto"``: cold for a session whose weights
+            outgrow the core's L2 cache, warm for the others: a big layer streams its
+            weights from memory in a model run too (so it slows with the memory
+            traffic of the machine as the model does), while a small one is dominated
+            by the fixed cost of a call, which a cold session inflates (onnxruntime's
+            own state and code evicted too) and a model run does not. Part of the
+            result key.
         burst_s: the longest burst one session gets per round; a brick needing more
             iterations gets them over more rounds.
         memory_budget_mb: the most memory the engine's sessions may hold at once

@@ -286,6 +286,8 @@ class _Track:
     final: bool = False
     #: Sampling seconds when a reference item first reached its precision.
     needed_s: float | None = None
+    #: Timed as a warm loop (the item says so, or cache_state "auto" decided it).
+    timed_warm: bool = False
     _cache: tuple[tuple[int, int], tuple[float, float]] | None = field(default=None, repr=False)
 
     @property
@@ -477,6 +479,29 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str) -> Measu
 # --------------------------------------------------------------------------- engine
 
 
+#: The L2 size assumed when the machine does not say.
+_DEFAULT_L2_BYTES = 1 << 20
+
+
+def _l2_bytes() -> int:
+    """The data or unified L2 cache of CPU 0, in bytes."""
+    from dlbricks.roofline.peaks import cache_levels
+
+    sizes = [c.size_bytes for c in cache_levels() if c.level == 2 and c.type != "Instruction"]
+    return max(sizes) if sizes else _DEFAULT_L2_BYTES
+
+
+def _source_bytes(source: Any) -> int:
+    """The size of a serialized model or model file: its weights, to within the few
+    kilobytes of its graph (bricks keep their weights inline)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return len(source)
+    try:
+        return os.path.getsize(os.fspath(source))
+    except (OSError, TypeError):
+        return 0
+
+
 def _memory_budget(config: RunnerConfig) -> int:
     if config.memory_budget_mb:
         return config.memory_budget_mb << 20
@@ -542,6 +567,8 @@ class _Engine:
             for i in g.terms:
                 self.groups_of[i].append(g)
         self.summary = EngineSummary(groups=len(self.groups))
+        # cache_state "auto": sessions whose weights outgrow this are timed cold.
+        self.l2_bytes = _l2_bytes() if config.cache_state == "auto" else 0
         self.done = 0
 
     # ------------------------------------------------------------------ workers
@@ -574,6 +601,8 @@ class _Engine:
             it.prep_s += time.perf_counter() - t0
         # A callable may also say the integer-input bounds it found while generating.
         source, bounds = prepared if isinstance(prepared, tuple) else (prepared, it.int_bounds)
+        if self.config.cache_state == "auto" and not it.warm:
+            track.timed_warm = _source_bytes(source) <= self.l2_bytes
         return source, dict(bounds) if bounds else None
 
     def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False) -> list[_Track]:
@@ -653,7 +682,7 @@ class _Engine:
             k_max = max(1, int(cfg.burst_s / run_s))
             want = need.get(t.item.id, 1.0) - len(t.times)
             k = int(min(k_max, max(1, math.ceil(want / rounds_left))))
-            plans.setdefault(t.worker, []).append((t.item.id, k, t.item.warm))
+            plans.setdefault(t.worker, []).append((t.item.id, k, t.item.warm or t.timed_warm))
         return plans
 
     def run_round(self, round_no: int) -> None:

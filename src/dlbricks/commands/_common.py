@@ -234,11 +234,11 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="rounds before any result is final (default 5)")
     e.add_argument("--max-rounds", type=positive_int, default=60, metavar="N",
                    help="stop after N rounds even if not precise enough (default 60)")
-    e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="warm",
+    e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="auto",
                    help="warm: a burst starts with a discarded run, so the timed runs find the brick cached; "
                         "cold: every run has other sessions' runs before it, which evict its weights, and its "
-                        "inputs are read just before it; auto: cold for bricks whose weights outgrow the L2 "
-                        "cache, warm for the others (default warm)")
+                        "inputs are read just before it; auto (default): cold for bricks whose weights outgrow "
+                        "the L2 cache, warm for the others")
     e.add_argument("--clock", choices=["auto", "wall", "thread"], default="auto",
                    help="what a run's duration is read from: thread = the calling thread's CPU time, which "
                         "leaves out time descheduled by other processes (one thread only); auto = thread when "

@@ -113,7 +113,7 @@ class RunnerConfig:
     precision: float = 0.02
     min_rounds: int = 5
     max_rounds: int = 60
-    cache_state: str = "warm"
+    cache_state: str = "auto"
     burst_s: float = 0.02
     memory_budget_mb: int = 0
     call_overhead: bool = True

@@ -11,7 +11,9 @@ so that variants that share a runner configuration share their end-to-end runs:
 - ``runtime+call``: the graph onnxruntime executes (its fusions inside bricks);
 - ``runtime+call+cold``: the same, bricks timed with cold caches (weights evicted by
   other sessions' runs between any two runs, inputs read just before the run);
-- ``runtime+call+auto``: cold only for bricks whose weights outgrow the L2 cache.
+- ``runtime+call+auto``: cold only for bricks whose weights outgrow the L2 cache: the
+  default settings. Each variant adds one correction to the one before, so the table
+  shows per model how much of the gap each explains.
 
 and with ``--threads 2`` the default variant again on two cores. Printed: a per-model
 table of normalized latency (reconstructed / end to end) per variant, and per variant
@@ -20,7 +22,7 @@ correlation. Targets (issue 22), default settings at G=1, per corpus: >= 90% wit
 +/-10%, >= 70% within +/-5%, geomean in [0.97, 1.03]; with two threads >= 80% within 10%.
 
     python bench/fidelity.py [--modern [DIR]] [--only light|modern] [-G 1] [--threads 1,2]
-                             [--variants source,source+call,runtime+call,runtime+call+cold]
+                             [--variants source,source+call,runtime+call,runtime+call+auto,runtime+call+cold]
 
 Last line: one JSON object.
 """
@@ -43,7 +45,7 @@ from dlbricks.pipeline import evaluate
 from dlbricks.store import Store
 from dlbricks.timing import RunnerConfig
 
-VARIANTS = ("source", "source+call", "runtime+call", "runtime+call+cold")
+VARIANTS = ("source", "source+call", "runtime+call", "runtime+call+auto")
 DEFAULT_MODERN = Path.home() / ".cache" / "dlbricks-bench" / "modern"
 METRICS = ("within_5pct", "within_10pct", "rmspe", "geomean_normalized", "min_normalized", "max_normalized",
            "spearman", "wallclock_speedup", "speedup")
@@ -115,7 +117,8 @@ def main() -> None:
     ap.add_argument("-G", default="1")
     ap.add_argument("--threads", default="1", help="thread counts, e.g. 1,2 (2 runs the default variant only)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--default-variant", default="runtime+call", help="the variant the thread sweep runs")
+    ap.add_argument("--default-variant", default="runtime+call+auto",
+                    help="the variant the thread sweep runs (the default settings)")
     args = ap.parse_args()
     Gs = [int(g) for g in args.G.split(",")]
     variants = args.variants.split(",")

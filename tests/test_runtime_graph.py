@@ -380,3 +380,16 @@ def test_each_model_is_optimised_at_its_own_input_shapes(tmp_path, conv_bn_relu)
     assert graphs == ["runtime", "runtime"]
     assert [m.inputs[0][1].shape for m in models] == [(4, 3, 16, 16), (1, 3, 16, 16)]
     assert models[0].outputs[0][1].shape == (4, 8, 16, 16)
+
+
+def test_the_runtime_graph_holds_shapes_not_weights():
+    # Bricks synthesise their weights: a corpus of runtime graphs must not hold a second
+    # copy of every model's weights in memory; small operands keep their values.
+    from conftest import light
+
+    proto = rg.optimized_model(str(light("squeezenet")))
+    big = [t for t in proto.graph.initializer if int(np.prod(t.dims)) * 4 > rg._INLINE_BYTES]
+    small = [t for t in proto.graph.initializer if 0 < int(np.prod(t.dims)) * 4 <= 1024]
+    assert big and all(not t.raw_data and not t.float_data and not t.external_data for t in big)
+    assert proto.ByteSize() < 1 << 20
+    assert all(onnx.numpy_helper.to_array(t).size == int(np.prod(t.dims)) for t in small)

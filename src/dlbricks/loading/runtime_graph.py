@@ -88,13 +88,20 @@ def optimized_model(
         out = Path(workdir) / "optimized.onnx"
         so = session_options(cfg)
         so.optimized_model_filepath = str(out)
+        # Weights go to a file beside it: the graph is read, extended and loaded without
+        # them (shapes and types are all the decomposition needs; bricks synthesise
+        # their own), and the session that records the types reads them from disk.
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", _WEIGHTS_FILE)
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                    str(_INLINE_BYTES))
         try:
             create_session(source, cfg, options=so)
         except DlbricksError as exc:
             cause = exc.__cause__ or exc
             raise ModelError(f"{label}: onnxruntime cannot optimise the model: {first_line(cause)}") from None
-        proto = onnx.load(str(out))
-        _record_types(proto, label, input_shapes or {}, cfg)
+        proto = onnx.load(str(out), load_external_data=False)
+        _record_types(proto, label, input_shapes or {}, cfg, Path(workdir))
+        _drop_external_data(proto)
         return proto
     finally:
         fenv.restore()
@@ -102,10 +109,29 @@ def optimized_model(
             own_tmp.cleanup()
 
 
+#: The optimised model's weights file, beside it in the work folder.
+_WEIGHTS_FILE = "weights.bin"
+#: Initializers up to this size stay in the graph: the loader reads the values of
+#: shape and index operands and of per-channel quantisation parameters (a 2048-channel
+#: scale is 8 KiB); a layer's weights are larger.
+_INLINE_BYTES = 64 << 10
+
+
+def _drop_external_data(proto: onnx.ModelProto) -> None:
+    """Leave the weights that went to the work folder's file as shapes and types only
+    (the folder is removed): empty, non-external tensors of their dims and type."""
+    for t in proto.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+
+
 def _record_types(
-    proto: onnx.ModelProto, label: str, input_shapes: dict[str, tuple[int, ...]], cfg: RunnerConfig
+    proto: onnx.ModelProto, label: str, input_shapes: dict[str, tuple[int, ...]], cfg: RunnerConfig,
+    folder: Path,
 ) -> None:
-    """Run the optimised model once with every intermediate exposed and store the types."""
+    """Run the optimised model once with every intermediate exposed and store the types
+    (its weights read from the file beside it in ``folder``)."""
     graph = proto.graph
     initializer_names = {t.name for t in graph.initializer}
     known = {vi.name for vi in graph.input} | {vi.name for vi in graph.output} | initializer_names
@@ -116,9 +142,11 @@ def _record_types(
             if name and name not in known:
                 probe.graph.output.append(helper.make_empty_tensor_value_info(name))
                 known.add(name)
+    probe_path = folder / "probe.onnx"
+    probe_path.write_bytes(probe.SerializeToString())
     try:
         # Optimising again would rewrite the graph whose types are being read.
-        session = create_session(probe, replace(cfg, graph_optimization="disable"))
+        session = create_session(str(probe_path), replace(cfg, graph_optimization="disable"))
     except DlbricksError as exc:
         cause = exc.__cause__ or exc
         raise ModelError(f"{label}: onnxruntime cannot load its own optimised model: {first_line(cause)}") from None

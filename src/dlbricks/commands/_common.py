@@ -62,6 +62,14 @@ def add_graph_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime-graph", dest="graph", action="store_const", const="runtime", help=argparse.SUPPRESS)
 
 
+def chosen_graph(args: argparse.Namespace) -> str:
+    """The graph ``--graph`` asks to cut: as given, else "runtime" (commands without the
+    option cut the source graph, and so do Ray runs: see bench's ``--ray``)."""
+    if not hasattr(args, "graph"):
+        return "source"
+    return args.graph or ("source" if getattr(args, "ray", None) else "runtime")
+
+
 def shape_plan(args: argparse.Namespace) -> ShapePlan | None:
     """Each model's input overrides from --dim, --input-shape and --input-shapes
     (:mod:`dlbricks.commands._shapes`), or None when none is given.
@@ -380,7 +388,7 @@ def load_models_and_sources(args: argparse.Namespace, config: RunnerConfig | Non
         print_err(f"skipped {e['error']}")
     sources = loaded.models
     models = sources
-    if getattr(args, "graph", "source") in ("runtime", None):
+    if chosen_graph(args) == "runtime":
         from dlbricks.loading.runtime_graph import runtime_models_or_sources
 
         models, used = runtime_models_or_sources(

@@ -18,6 +18,7 @@ from dlbricks.commands._common import (
     add_graph_arg,
     add_remeasure_arg,
     add_runner_args,
+    chosen_graph,
     parse_g_list,
     print_check,
     record_graphs,
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     bricks_models: list = models
     used: Sequence[str] = ["source"] * len(models)
-    if args.graph in ("runtime", None):
+    if chosen_graph(args) == "runtime":
         from dlbricks.loading.runtime_graph import runtime_models_or_sources
 
         step("runtime graph: optimising every model with onnxruntime")

@@ -22,6 +22,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
+from dlbricks import _core
 from dlbricks.graph import split, topo_order
 from dlbricks.model import Model
 from dlbricks.profiling.ort_profile import OrtNode
@@ -176,19 +179,15 @@ def join_layers(
             if t:
                 ort_prod[t] = k
     succs: list[set[int]] = [set() for _ in nodes]
-    indeg = [0] * n_nodes
     for k, node in enumerate(nodes):
         for t in set(node.inputs):
             j = ort_prod.get(t)
-            if j is not None and j != k and k not in succs[j]:
+            if j is not None and j != k:
                 succs[j].add(k)
-                indeg[k] += 1
-    order = [k for k in range(n_nodes) if indeg[k] == 0]
-    for k in order:  # Kahn; appending while iterating visits every node once
-        for s in sorted(succs[k]):
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                order.append(s)
+    edges = np.asarray([(j, k) for j in range(n_nodes) for k in sorted(succs[j])], np.int32).reshape(-1, 2)
+    # The core's order (any topological order gives the same descendant sets); the
+    # executed graph is acyclic, since onnxruntime ran it.
+    order = _core.topo_order(n_nodes, edges[:, 0].copy(), edges[:, 1].copy()).tolist()
     desc = [0] * n_nodes
     for k in reversed(order):
         bits = 0

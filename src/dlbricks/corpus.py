@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from dlbricks import _core
-from dlbricks.graph import _MAX_G, GraphLike, Split, _check_graph
+from dlbricks.graph import MAX_G, GraphLike, Split, check_graph
 from dlbricks.model import layer_kind_codes
 
 
@@ -126,7 +126,7 @@ class Corpus:
     def __init__(self, graphs: Sequence[GraphLike], names: Sequence[str] | None = None) -> None:
         graphs = list(graphs)
         for g in graphs:
-            _check_graph(g)
+            check_graph(g)
         self.graphs = graphs
         self.names = list(names) if names is not None else [str(getattr(g, "name", f"model{i}")) for i, g in enumerate(graphs)]
         if len(self.names) != len(graphs):
@@ -223,7 +223,7 @@ class Corpus:
                 raise ValueError(f"G must be at least 1, got {G}")
             # Any G of at least the largest model's layer count gives the same split;
             # the core takes an int32.
-            keys.append(min(int(G), _MAX_G))
+            keys.append(min(int(G), MAX_G))
         missing = list(dict.fromkeys(G for G in keys if G not in self._splits))
         if missing:
             try:

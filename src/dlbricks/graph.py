@@ -15,7 +15,8 @@ import numpy as np
 
 from dlbricks import _core
 
-_MAX_G = 2**31 - 1
+#: The largest G the core takes (an int32); any larger G splits as this one does.
+MAX_G = 2**31 - 1
 
 
 @runtime_checkable
@@ -109,9 +110,10 @@ def _as_digests(digests: np.ndarray) -> np.ndarray:
 _GRAPH_ATTRS = ("digests", "edge_src", "edge_dst", "edge_src_slot", "edge_dst_slot")
 
 
-def _check_graph(graph: object) -> None:
-    # What isinstance(graph, GraphLike) checks, without typing's protocol machinery,
-    # which costs more than analysing a small model.
+def check_graph(graph: object) -> None:
+    """Raise ``TypeError`` unless ``graph`` has a :class:`GraphLike`'s arrays: what
+    ``isinstance(graph, GraphLike)`` checks, without typing's protocol machinery,
+    which costs more than analysing a small model."""
     if not all(hasattr(graph, a) for a in _GRAPH_ATTRS):
         raise TypeError(f"expected a dlbricks Graph or Model, got {type(graph).__name__}")
 
@@ -128,7 +130,7 @@ def topo_order(graph: GraphLike) -> np.ndarray:
         ValueError: an edge names a missing layer, or the graph has a cycle (the
             message names a layer on it).
     """
-    _check_graph(graph)
+    check_graph(graph)
     return _core.topo_order(graph.digests.shape[0], graph.edge_src, graph.edge_dst)
 
 
@@ -143,13 +145,13 @@ def split(graph: GraphLike, G: int) -> Split:
         TypeError: ``graph`` is not a Graph/Model; ``G`` is not an int.
         ValueError: ``G < 1``, a bad edge, or a cycle.
     """
-    _check_graph(graph)
+    check_graph(graph)
     if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
         raise TypeError(f"G must be an int, got {type(G).__name__}")
     if G < 1:
         raise ValueError(f"G must be at least 1, got {G}")
     # Any G of at least the layer count gives the same split; the core takes an int32.
-    G = min(int(G), _MAX_G)
+    G = min(int(G), MAX_G)
     offsets, members, digests = _core.split_sequences(
         graph.digests,
         graph.edge_src,
@@ -169,7 +171,7 @@ def critical_path(graph: GraphLike, weights: np.ndarray) -> tuple[float, np.ndar
     Raises:
         ValueError: negative or non-finite weight, wrong length, cycle.
     """
-    _check_graph(graph)
+    check_graph(graph)
     w = np.ascontiguousarray(weights, dtype=np.float64)
     if w.shape != (graph.digests.shape[0],):
         raise ValueError(f"weights must have shape ({graph.digests.shape[0]},), got {w.shape}")

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from dlbricks.corpus import Corpus
+from dlbricks.cpuset import usable_cpus
 from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.graph import critical_path
 from dlbricks.loading.names import is_default_domain
@@ -180,7 +181,7 @@ def peaks_for_store(
         system_id = fingerprint_id(system_fingerprint())
     threads = config.intra_op_threads
     if threads < 1:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = len(usable_cpus())
     root = peaks_dir(store_path) if store_path is not None else None
     return load_or_measure_peaks(root, system_id, threads=threads, cores=config.cores, quick=quick)
 

@@ -122,26 +122,20 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     from dlbricks.errors import DlbricksError
     from dlbricks.timing.config import RunnerConfig
     from dlbricks.timing.fpenv import FloatEnv, count_denormals
-    from dlbricks.timing.session import pinned, prepare_session, timed_runs
+    from dlbricks.timing.session import pin_process, pinned, prepare_session, timed_runs
+    from dlbricks.timing.workers import serve as serve_requests
 
     tag, cfg_dict = conn.recv()
     assert tag == "config"
     config = RunnerConfig.from_dict(cfg_dict)
-    if config.cores is not None:
-        os.sched_setaffinity(0, {config.cores[0]} if config.intra_op_threads > 1 else set(config.cores))
+    pin_process(config)
     import onnxruntime  # noqa: F401  (paid before "ready", so on no session's clock)
 
     fenv = FloatEnv()
     clock = time.thread_time_ns if config.measure_clock() == "thread" else time.perf_counter_ns
     sessions: dict[str, _Session] = {}
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg is None:
-            return
+
+    def handle(msg: tuple[Any, ...]) -> tuple[Any, ...]:
         op = msg[0]
         if op == "open":
             _, item_id, source, int_bounds, seed, slot = msg
@@ -170,10 +164,10 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                     "denormals_out": _fraction(bound.outputs().values(), count_denormals),
                 }
                 sessions[item_id] = _Session(bound, [np.asarray(a) for a in feeds.values()], slot, run_s)
-                conn.send(("opened", item_id, info))
+                return ("opened", item_id, info)
             except Exception as exc:  # a bad brick is that brick's failure, not the worker's
                 text = str(exc) if isinstance(exc, DlbricksError) else f"{type(exc).__name__}: {exc}"
-                conn.send(("failed", item_id, text.splitlines()[0] if text else type(exc).__name__))
+                return ("failed", item_id, text.splitlines()[0] if text else type(exc).__name__)
             finally:
                 beacon.set(-1)
                 if spool is not None:
@@ -207,13 +201,15 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 j += 1
                 cold = [entry for entry in cold if entry[1] > j]
             beacon.set(-1)
-            conn.send(("round", out, time.perf_counter() - t0))
+            return ("round", out, time.perf_counter() - t0)
         elif op == "close":
             for item_id in msg[1]:
                 sessions.pop(item_id, None)
-            conn.send(("closed", _rss_bytes()))
+            return ("closed", _rss_bytes())
         else:  # pragma: no cover - protocol error
-            conn.send(("error", f"unknown request {op!r}"))
+            return ("error", f"unknown request {op!r}")
+
+    serve_requests(conn, handle)
 
 
 def main(argv: list[str]) -> int:

@@ -5,7 +5,8 @@ timed loop that runs it.
   configuration's options (callers that need more, such as onnxruntime's profiler or
   the saved optimised graph, start from :func:`session_options` and pass ``options``);
 - :func:`bind`: inputs and outputs bound once (:class:`BoundSession`);
-- :func:`pinned`: the calling thread on the configuration's cores;
+- :func:`pinned`: the calling thread on the configuration's cores (:func:`pin_process`
+  for a worker, for good);
 - :func:`prepared_session` (:func:`prepare_session` for a caller that holds the
   pinning and the FP environment itself): the whole set-up a timed run needs, in one
   order, for the runner, the profiler and the measurement engine's worker;
@@ -220,6 +221,25 @@ def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, old)
+
+
+def pin_process(config: RunnerConfig) -> None:
+    """Pin this process for good (a worker that times sessions for its whole life):
+    to ``config.cores``, or to ``cores[0]`` alone when onnxruntime's pool threads own
+    the others (see :func:`prepare_session`). Nothing when no cores are configured.
+
+    Raises:
+        DlbricksError: the platform cannot pin, or the cores are not allowed.
+    """
+    if config.cores is None:
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        raise DlbricksError("pinning cores needs os.sched_setaffinity (Linux)")
+    cores = {config.cores[0]} if config.intra_op_threads > 1 else set(config.cores)
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as exc:
+        raise DlbricksError(f"cannot pin to cores {sorted(cores)}: {exc}") from exc
 
 
 @dataclass(frozen=True)

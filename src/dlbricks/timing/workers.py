@@ -75,9 +75,10 @@ def _call_hook(spec: str) -> None:
     fn()
 
 
-def serve(conn: Any, handle: Callable[[Any], tuple[str, Any]]) -> None:
-    """The child's side of the worker loop: say ``("ready", pid)``, then answer every
-    job received with ``handle(job)``, a ``(tag, payload)`` reply, until ``None`` or
+def serve(conn: Any, handle: Callable[[Any], tuple[Any, ...]]) -> None:
+    """The child's side of every worker loop (the runner's, the profiler's hw worker,
+    the measurement engine's): say ``("ready", pid)``, then answer every request
+    received with ``handle(request)``, a reply tuple led by its tag, until ``None`` or
     the end of the pipe.
 
     ``handle`` turns a job's own errors into its reply; whatever it raises ends the

@@ -1,0 +1,155 @@
+"""The parent's handle on one measurement-engine worker process.
+
+The engine (:mod:`dlbricks.timing.engine`) decides what to measure; this module only
+starts a worker (a fresh interpreter running :mod:`dlbricks.timing.engine_worker`),
+sends it requests, and turns a dead or hung worker into :class:`WorkerDied`, naming
+the session it was running from the shared beacon file.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from dlbricks.errors import DlbricksError
+from dlbricks.timing.config import RunnerConfig
+from dlbricks.timing.workers import describe_exit
+
+__all__ = ["WorkerDied", "WorkerProcess"]
+
+_CLOSE = object()  # tells a worker's sender thread to end
+#: Serialized models larger than this go to the worker through a file (see WorkerProcess.send).
+_SPOOL_BYTES = 256 << 10
+
+
+def _spool_dir() -> str | None:
+    # tmpfs when there is one: the file is a copy in memory, never on disk.
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class WorkerDied(Exception):
+    """A worker died or hung; ``slot`` is the session it was running (-1: none)."""
+
+    def __init__(self, slot: int, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.slot, self.reason, self.detail = slot, reason, detail
+
+
+class WorkerProcess:
+    """A worker process (``python -m dlbricks.timing.engine_worker``) and its pipes."""
+
+    def __init__(self, config: RunnerConfig, start_timeout_s: float) -> None:
+        fd, self._beacon_path = tempfile.mkstemp(prefix="dlbricks-beacon-")
+        os.write(fd, struct.pack("<q", -1))
+        os.close(fd)
+        to_child_r, to_child_w = os.pipe()
+        to_parent_r, to_parent_w = os.pipe()
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dlbricks.timing.engine_worker", str(to_child_r), str(to_parent_w), self._beacon_path],
+            pass_fds=(to_child_r, to_parent_w),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        os.close(to_child_r)
+        os.close(to_parent_w)
+        self.tx = Connection(to_child_w, readable=False)
+        self.rx = Connection(to_parent_r, writable=False)
+        # Requests go out through a thread: a large model blocks the pipe until the
+        # worker reads it, and the parent meanwhile generates the next brick.
+        self._outbox: queue.Queue[Any] = queue.Queue()
+        self._sender = threading.Thread(target=self._send_loop, name="dlbricks-engine-send", daemon=True)
+        self._sender.start()
+        self.slots: dict[int, str] = {}  # beacon slot -> item id
+        self.next_slot = 0
+        self.rss = 0
+        self.spooled: list[str] = []  # files of large models handed over (removed by the worker)
+        try:
+            self.tx.send(("config", config.to_dict()))
+            self.reply(start_timeout_s, "starting")
+        except WorkerDied as exc:
+            self.kill()
+            raise DlbricksError(f"measurement worker {exc.detail}") from None
+
+    def beacon(self) -> int:
+        try:
+            with open(self._beacon_path, "rb") as f:
+                return int(struct.unpack("<q", f.read(8))[0])
+        except (OSError, struct.error):
+            return -1
+
+    def reply(self, timeout_s: float, doing: str) -> Any:
+        """The worker's next message, or :class:`WorkerDied` naming the culprit slot."""
+        try:
+            ready = self.rx.poll(timeout_s)
+        except (OSError, EOFError):
+            ready = True
+        if not ready:
+            slot = self.beacon()
+            self.kill()
+            raise WorkerDied(slot, "timeout", f"timed out after {timeout_s:.0f} s while {doing}")
+        try:
+            return self.rx.recv()
+        except (EOFError, OSError):
+            slot = self.beacon()
+            code = self.proc.wait(5.0)
+            self.kill()
+            raise WorkerDied(slot, "crash", f"crashed while {doing} ({describe_exit(code)})") from None
+
+    def send(self, msg: Any) -> None:
+        if msg and msg[0] == "open" and isinstance(msg[2], bytes) and len(msg[2]) > _SPOOL_BYTES:
+            # A large model goes through a file: one write here, one read there, instead
+            # of a pipe the parent's generating thread must keep feeding 64 KiB at a time.
+            fd, path = tempfile.mkstemp(prefix="dlbricks-model-", suffix=".onnx", dir=_spool_dir())
+            with os.fdopen(fd, "wb") as f:
+                f.write(msg[2])
+            self.spooled.append(path)
+            msg = msg[:2] + (("spool", path),) + msg[3:]
+        self._outbox.put(msg)
+
+    def _send_loop(self) -> None:
+        while True:
+            msg = self._outbox.get()
+            if msg is _CLOSE:
+                return
+            try:
+                self.tx.send(msg)
+            except (OSError, EOFError, ValueError):
+                pass  # the worker is gone (or the pipe closed): the reply reports it
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self._outbox.put(_CLOSE)
+        self._sender.join(5.0)
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        for c in (self.tx, self.rx):
+            c.close()
+        for path in self.spooled:  # those a dead worker did not get to
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        try:
+            os.unlink(self._beacon_path)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self.send(None)
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()

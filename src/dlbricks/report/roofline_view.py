@@ -2,8 +2,10 @@
 
 Written like the rest of the report: column names and units a reader knows, a legend
 for every mark, every count explained, and long lists summarised (the full data stays
-in the roofline JSON, named where it is cut). The plot is drawn here from the
-per-layer data when the JSON has it, as SVG; otherwise the JSON's own picture is shown.
+in the roofline JSON, named where it is cut). The plot is drawn from the per-layer
+data when the JSON has it, as SVG, by the CLI's own drawing
+(:func:`dlbricks.roofline.render.draw_roofline`, with the report's labels and sizes);
+otherwise the JSON's own picture is shown.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dlbricks.report.markup import Cell, esc, finite, kv_table, number_cell, seconds_cell, table
 from dlbricks.report.plots import figure, label, new_figure
+from dlbricks.roofline.render import RooflinePoint, RooflineStyle, draw_roofline
 
 __all__ = ["CAUSES", "roofline_section"]
 
@@ -38,6 +41,13 @@ _NOT_PLACED = {
     "no_bytes": "no bytes moved (their intensity is infinite)",
     "not_measured": "no measurement in the store",
 }
+
+#: The plot's labels and sizes in the report (a page wider than the CLI's PNG; points
+#: rasterized: a thousand vector markers would weigh more than the rest of the report).
+_PLOT_STYLE = RooflineStyle(
+    roofline="roofline: {gflops:.0f} GFLOP/s, {bandwidth_gbs:.1f} GB/s", ridge="ridge point ({ridge:.1f} FLOP/byte)",
+    int8_roofline="int8 roofline: {int8_gops:.0f} GOP/s", int8_marker="int8 kernel (circle: float)", marker_size=22,
+    legend_fontsize=9, legend_x=1.01, rasterized=True)
 
 
 def _ratio(x: Any) -> Cell:
@@ -192,62 +202,17 @@ def _plot(roofline: Mapping[str, Any], models: Sequence[Mapping[str, Any]], peak
                     f"kernels.{missing}</figcaption></figure>")
         return ""
     gflops, bw, int8_peak = peaks.get("gflops"), peaks.get("bandwidth_gbs"), peaks.get("int8_gops")
-    fig = new_figure(8.0, 5.5)
-    ax = fig.add_subplot()
-    xs_all: list[float] = []
-    total = placed = 0
-    any_int8 = any_flagged = False
-    for k, m in enumerate(models):
-        layers = _layers(m)
-        total += len(layers)
-        pts = [(float(r["arithmetic_intensity"]), _work(r) / r["measured_s"] / 1e9, bool(r.get("beats_bound")),
-                _is_int8(r)) for r in layers if _why_not_placed(r) is None]
-        if not pts:
-            continue
-        placed += len(pts)
-        colour = f"C{k % 10}"
-        # Float layers as circles under the float32 roofline, int8 kernels as
-        # triangles under the int8 one (their operations: integer ops and FLOPs).
-        for int8, marker in ((False, "o"), (True, "^")):
-            sel = [p for p in pts if p[3] == int8]
-            if not sel:
-                continue
-            x, y, flag, _ = zip(*sel)
-            xs_all += x
-            any_int8 |= int8
-            any_flagged |= any(flag)
-            # Rasterized: a thousand vector markers would weigh more than the rest of the report.
-            ax.scatter(x, y, s=22, marker=marker, color=colour, alpha=0.75, rasterized=True,
-                       edgecolors=["red" if f else colour for f in flag], linewidths=[1.5 if f else 0.5 for f in flag])
-        ax.scatter([], [], s=22, marker="o", color=colour, label=label(m.get("name", "?"), 24))
+    series = [(label(m.get("name", "?"), 24),
+               [RooflinePoint(float(r["arithmetic_intensity"]), _work(r) / r["measured_s"] / 1e9,
+                              bool(r.get("beats_bound")), _is_int8(r)) for r in _layers(m) if _why_not_placed(r) is None])
+              for m in models]
+    total = sum(len(_layers(m)) for m in models)
+    placed = sum(len(pts) for _, pts in series)
     int8_layers = any(_is_int8(r) for m in models for r in _layers(m))
-    if finite(gflops) and finite(bw) and bw > 0 and xs_all:
-        import numpy as np
-
-        ridge = gflops / bw
-        ridges = [ridge]
-        int8_top = float(int8_peak) if int8_layers and finite(int8_peak) else None
-        int8_ridge = int8_top / bw if int8_top is not None else None
-        if int8_ridge is not None:
-            ridges.append(int8_ridge)
-        grid = np.geomspace(min([*xs_all, *ridges]) / 4, max([*xs_all, *ridges]) * 4, 200)
-        ax.plot(grid, np.minimum(gflops, grid * bw), color="black", lw=1.5,
-                label=f"roofline: {gflops:.0f} GFLOP/s, {bw:.1f} GB/s")
-        ax.axvline(ridge, color="grey", lw=0.8, ls=":", label=f"ridge point ({ridge:.1f} FLOP/byte)")
-        if int8_top is not None and int8_ridge is not None:
-            ax.plot(grid, np.minimum(int8_top, grid * bw), color="dimgrey", lw=1.2, ls="--",
-                    label=f"int8 roofline: {int8_top:.0f} GOP/s")
-            ax.axvline(int8_ridge, color="grey", lw=0.8, ls="-.", label=f"int8 ridge point ({int8_ridge:.1f} op/byte)")
-    if any_int8:
-        ax.scatter([], [], s=22, marker="^", color="grey", label="int8 kernel (circle: float)")
-    if any_flagged:
-        ax.scatter([], [], s=22, facecolors="white", edgecolors="red", linewidths=1.5, label="faster than its bound")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte" + ("; int8 kernels: op/byte)" if int8_layers else ")"))
-    ax.set_ylabel("achieved GFLOP/s" + (" (int8 kernels: GOP/s)" if int8_layers else ""))
-    ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig = new_figure(8.0, 5.5)
+    # No ceilings on a plot without points.
+    draw_roofline(fig.add_subplot(), series, gflops=gflops if placed else None, bandwidth_gbs=bw, int8_gops=int8_peak,
+                  int8_layers=int8_layers, style=_PLOT_STYLE)
     note = esc(f"{placed} of {total} layers drawn, one point each at its arithmetic intensity and achieved rate, "
                "coloured by model.")
     if not_placed:

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import os
 import textwrap
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 from dlbricks.files import write_atomically
-from dlbricks.roofline.results import RooflineAnalysis
 
 if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["ROOFLINE_SCHEMA_VERSION", "format_text", "not_placed_lines", "plot_roofline", "roofline_figure", "to_dict"]
+    from dlbricks.roofline.results import RooflineAnalysis
+
+__all__ = ["ROOFLINE_SCHEMA_VERSION", "RooflinePoint", "RooflineStyle", "draw_roofline", "format_text", "not_placed_lines",
+           "plot_roofline", "roofline_figure", "to_dict"]
 
 ROOFLINE_SCHEMA_VERSION = 1
 
@@ -74,15 +77,10 @@ def plot_roofline(analysis: RooflineAnalysis, path: str | os.PathLike[str] | Non
 
 
 def roofline_figure(analysis: RooflineAnalysis) -> Figure:
-    """Draw the roofline: measured layers as points, the ceilings as lines.
-
-    x is arithmetic intensity (operations per byte), y the achieved rate (layer
-    operations / measured time), both logarithmic; a ceiling is
-    ``min(peak, intensity x bandwidth)``. Float layers are circles under the float32
-    ceiling; quantized (int8) kernels are triangles under the int8 ceiling, their
-    operations the int ops and FLOPs together. Layers beating their bound have a red
-    edge. Every mark has a legend entry; a note under the plot names the op types of
-    the layers that cannot be placed, and why (:meth:`RooflineAnalysis.not_placed`).
+    """Draw the roofline: measured layers as points, the ceilings as lines
+    (:func:`draw_roofline`), titled with the thread count; a note under the plot
+    names the op types of the layers that cannot be placed, and why
+    (:meth:`RooflineAnalysis.not_placed`).
 
     Args:
         analysis: from :func:`analyze`.
@@ -97,57 +95,138 @@ def roofline_figure(analysis: RooflineAnalysis) -> Figure:
     fig = Figure(figsize=(8, 5.5), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    xs_all: list[float] = []
-    # The int8 ceiling and labels only where the graphs hold quantized kernels.
-    has_int8 = any(r.is_int8 for m in analysis.models for r in m.layers)
-    int8_peak = peaks.int8_gops if has_int8 else None
-    any_int8 = any_flagged = False
-    for k, m in enumerate(analysis.models):
-        pts = [(r.intensity, r.cost.ops / r.measured_s / 1e9, r.beats_bound, r.is_int8) for r in m.layers
-               if r.not_placed() is None and r.measured_s]
-        colour = f"C{k % 10}"
-        for int8, marker in ((False, "o"), (True, "^")):
-            sel = [p for p in pts if p[3] == int8]
-            if not sel:
-                continue
-            x, y, flag, _ = zip(*sel)
-            xs_all.extend(x)
-            any_int8 |= int8
-            any_flagged |= any(flag)
-            ax.scatter(x, y, s=18, marker=marker, color=colour, alpha=0.75,
-                       edgecolors=["red" if f else colour for f in flag], linewidths=[1.5 if f else 0.5 for f in flag])
-        if pts:
-            ax.scatter([], [], s=18, marker="o", color=colour, label=m.name)
-    int8_ridge = peaks.int8_ridge_point if int8_peak is not None else None
-    ridges = [peaks.ridge_point] + ([int8_ridge] if int8_ridge is not None else [])
-    lo = min([*xs_all, *ridges]) / 4
-    hi = max([*xs_all, *ridges]) * 4
-    grid = np.geomspace(lo, hi, 200)
-    ax.plot(grid, np.minimum(peaks.gflops, grid * peaks.bandwidth_gbs), color="black", lw=1.5,
-            label=f"float32 roofline ({peaks.gflops:.1f} GFLOP/s, {peaks.bandwidth_gbs:.1f} GB/s)")
-    ax.axvline(peaks.ridge_point, color="grey", lw=0.8, ls=":",
-               label=f"float32 ridge point ({peaks.ridge_point:.1f} FLOP/byte)")
-    if int8_peak is not None and int8_ridge is not None:
-        ax.plot(grid, np.minimum(int8_peak, grid * peaks.bandwidth_gbs), color="dimgrey", lw=1.2, ls="--",
-                label=f"int8 roofline ({int8_peak:.1f} GOP/s)")
-        ax.axvline(int8_ridge, color="grey", lw=0.8, ls="-.", label=f"int8 ridge point ({int8_ridge:.1f} op/byte)")
-    if any_int8:
-        ax.scatter([], [], s=18, marker="^", color="grey", label="int8 kernel (triangle; circle: float)")
-    if any_flagged:
-        ax.scatter([], [], s=18, facecolors="white", edgecolors="red", linewidths=1.5, label="faster than its bound")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte" + ("; int8 kernels: op/byte)" if has_int8 else ")"))
-    ax.set_ylabel("achieved GFLOP/s" + (" (int8 kernels: GOP/s)" if has_int8 else ""))
+    series = [(m.name, [RooflinePoint(r.intensity, r.cost.ops / r.measured_s / 1e9, r.beats_bound, r.is_int8)
+                        for r in m.layers if r.not_placed() is None and r.measured_s])
+              for m in analysis.models]
+    draw_roofline(ax, series, gflops=peaks.gflops, bandwidth_gbs=peaks.bandwidth_gbs, int8_gops=peaks.int8_gops,
+                  int8_layers=any(r.is_int8 for m in analysis.models for r in m.layers))
     ax.set_title(f"roofline, {peaks.threads} thread(s)")
-    ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     lines = not_placed_lines(analysis)
     if lines:
         note = "\n".join(textwrap.fill(line, 110, subsequent_indent="    ")
                          for line in ["Layers not drawn:", *(f"- {x}" for x in lines)])
         ax.text(0.0, -0.13, note, transform=ax.transAxes, va="top", ha="left", fontsize=7)
     return fig
+
+
+class RooflinePoint(NamedTuple):
+    """One layer on the roofline plot."""
+
+    #: Arithmetic intensity: operations per byte.
+    intensity: float
+    #: Achieved rate: the layer's operations / its measured time, in G op/s.
+    gops: float
+    #: Faster than its bound (drawn with a red edge).
+    beats_bound: bool
+    #: A quantized kernel, under the int8 ceiling (a triangle; float layers are circles).
+    int8: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineStyle:
+    """The texts and sizes of a roofline plot that differ between its outputs: the
+    defaults are the PNG of ``dlbricks roofline``; the HTML report has its own.
+
+    The ceiling labels are :meth:`str.format` templates over ``gflops``,
+    ``bandwidth_gbs``, ``ridge``, ``int8_gops`` and ``int8_ridge``.
+    """
+
+    roofline: str = "float32 roofline ({gflops:.1f} GFLOP/s, {bandwidth_gbs:.1f} GB/s)"
+    ridge: str = "float32 ridge point ({ridge:.1f} FLOP/byte)"
+    int8_roofline: str = "int8 roofline ({int8_gops:.1f} GOP/s)"
+    int8_ridge: str = "int8 ridge point ({int8_ridge:.1f} op/byte)"
+    #: The legend entry of the triangle marker.
+    int8_marker: str = "int8 kernel (triangle; circle: float)"
+    marker_size: float = 18
+    legend_fontsize: float = 7
+    #: Where the legend's left edge is, in axes coordinates (right of the axes).
+    legend_x: float = 1.02
+    #: Points as a raster image inside a vector output (many markers weigh less).
+    rasterized: bool = False
+
+
+def _usable(x: object) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def draw_roofline(
+    ax: Axes,
+    series: Sequence[tuple[str, Sequence[RooflinePoint]]],
+    *,
+    gflops: float | None,
+    bandwidth_gbs: float | None,
+    int8_gops: float | None = None,
+    int8_layers: bool = False,
+    style: RooflineStyle = RooflineStyle(),
+) -> None:
+    """Draw a roofline on ``ax``: the layers as points, the ceilings as lines, a legend
+    beside the axes; the one drawing of both the CLI's plot and the HTML report's.
+
+    x is arithmetic intensity (operations per byte), y the achieved rate, both
+    logarithmic; a ceiling is ``min(peak, intensity x bandwidth)``. Each model has a
+    colour (``C0``, ``C1``... by its place in ``series``) and a legend entry when it
+    has points. Float layers are circles under the float32 ceiling; quantized (int8)
+    kernels are triangles under the int8 ceiling, their operations the int ops and
+    FLOPs together. Layers beating their bound have a red edge. Every mark has a
+    legend entry.
+
+    Args:
+        ax: the axes to draw on (title and notes are the caller's).
+        series: per model, its legend label and its points (possibly none).
+        gflops: the float32 compute peak; with ``bandwidth_gbs`` (GB/s) the float32
+            ceiling and ridge line, drawn when both are finite and the bandwidth positive.
+        int8_gops: the int8 compute peak: its ceiling and ridge line where
+            ``int8_layers`` and it is finite.
+        int8_layers: the graphs hold int8 kernels (placed or not): the int8 ceiling
+            and the axes' int8 units.
+        style: the labels and sizes (:class:`RooflineStyle`).
+    """
+    import numpy as np
+
+    xs_all: list[float] = []
+    any_int8 = any_flagged = False
+    for k, (name, pts) in enumerate(series):
+        if not pts:
+            continue
+        colour = f"C{k % 10}"
+        for int8, marker in ((False, "o"), (True, "^")):
+            sel = [p for p in pts if p.int8 == int8]
+            if not sel:
+                continue
+            xs_all.extend(p.intensity for p in sel)
+            any_int8 |= int8
+            any_flagged |= any(p.beats_bound for p in sel)
+            ax.scatter([p.intensity for p in sel], [p.gops for p in sel], s=style.marker_size, marker=marker,
+                       color=colour, alpha=0.75, rasterized=style.rasterized,
+                       edgecolors=["red" if p.beats_bound else colour for p in sel],
+                       linewidths=[1.5 if p.beats_bound else 0.5 for p in sel])
+        ax.scatter([], [], s=style.marker_size, marker="o", color=colour, label=name)
+    if _usable(gflops) and _usable(bandwidth_gbs) and bandwidth_gbs > 0:
+        bw = float(bandwidth_gbs)
+        ridge = gflops / bw
+        int8_top = float(int8_gops) if int8_layers and _usable(int8_gops) else None
+        int8_ridge = int8_top / bw if int8_top is not None else None
+        ridges = [ridge] + ([int8_ridge] if int8_ridge is not None else [])
+        grid = np.geomspace(min([*xs_all, *ridges]) / 4, max([*xs_all, *ridges]) * 4, 200)
+        values = {"gflops": gflops, "bandwidth_gbs": bw, "ridge": ridge, "int8_gops": int8_top,
+                  "int8_ridge": int8_ridge}
+        ax.plot(grid, np.minimum(gflops, grid * bw), color="black", lw=1.5, label=style.roofline.format(**values))
+        ax.axvline(ridge, color="grey", lw=0.8, ls=":", label=style.ridge.format(**values))
+        if int8_top is not None and int8_ridge is not None:
+            ax.plot(grid, np.minimum(int8_top, grid * bw), color="dimgrey", lw=1.2, ls="--",
+                    label=style.int8_roofline.format(**values))
+            ax.axvline(int8_ridge, color="grey", lw=0.8, ls="-.", label=style.int8_ridge.format(**values))
+    if any_int8:
+        ax.scatter([], [], s=style.marker_size, marker="^", color="grey", label=style.int8_marker)
+    if any_flagged:
+        ax.scatter([], [], s=style.marker_size, facecolors="white", edgecolors="red", linewidths=1.5,
+                   label="faster than its bound")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte" + ("; int8 kernels: op/byte)" if int8_layers else ")"))
+    ax.set_ylabel("achieved GFLOP/s" + (" (int8 kernels: GOP/s)" if int8_layers else ""))
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=style.legend_fontsize, loc="center left", bbox_to_anchor=(style.legend_x, 0.5), frameon=False)
 
 
 def to_dict(

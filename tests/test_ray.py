@@ -268,6 +268,50 @@ def test_analyze_on_ray_equals_the_local_analysis(cluster, corpus, tmp_path, cap
     assert distributed == local
 
 
+def _if_model():
+    """Control flow, which the fast path leaves to the full loader by design."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    def vi(name, shape, elem=TensorProto.FLOAT):
+        return h.make_tensor_value_info(name, elem, shape)
+
+    then_g = h.make_graph([h.make_node("Relu", ["r"], ["t"])], "then", [], [vi("t", [1, 8])])
+    else_g = h.make_graph([h.make_node("Neg", ["r"], ["e"])], "else", [], [vi("e", [1, 8])])
+    nodes = [h.make_node("Sigmoid", ["x"], ["r"]),
+             h.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    graph = h.make_graph(nodes, "branchy", [vi("x", [1, 8]), vi("c", [], TensorProto.BOOL)], [vi("y", [1, 8])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+
+
+def test_analyze_on_ray_counts_and_names_fast_path_fallbacks_as_a_local_run(cluster, corpus, tmp_path, capsys):
+    import onnx
+
+    # The nodes load the files themselves: the model must leave the fast path by its
+    # own content (control flow), and a file that is no model (malformed bytes) too.
+    branchy, broken = tmp_path / "branchy.onnx", tmp_path / "broken.onnx"
+    onnx.save(_if_model(), branchy)
+    broken.write_bytes(b"not an onnx model")
+    paths = [*corpus, str(branchy), str(broken)]
+    _, local = _run_json(["analyze", *paths, "--json"], capsys)
+    _, distributed = _run_json(["analyze", *paths, "--json", "--ray", cluster.address], capsys)
+    keys = ("fast_path_fallbacks", "fast_path_fallback_count", "fast_path_unexpected_count")
+    assert {k: distributed["timing"][k] for k in keys} == {k: local["timing"][k] for k in keys}
+    by_model = {f["model"]: f for f in distributed["timing"]["fast_path_fallbacks"]}
+    assert by_model[str(branchy)] == {"model": str(branchy), "reason": "control flow or a subgraph attribute",
+                                      "expected": True}
+    assert str(broken) in by_model and not set(corpus) & set(by_model)  # the light models took the fast path
+    assert distributed["timing"]["fast_path_fallback_count"] == len(by_model) == 2
+    assert distributed["timing"]["fast_path_unexpected_count"] == 0
+    # -v says the same on stderr as a local run.
+    capsys.readouterr()
+    assert main(["analyze", *paths, "-v", "--ray", cluster.address]) == 0
+    ray_err = [line for line in capsys.readouterr().err.splitlines() if "fast path" in line]
+    assert main(["analyze", *paths, "-v"]) == 0
+    local_err = [line for line in capsys.readouterr().err.splitlines() if "fast path" in line]
+    assert ray_err == local_err and ray_err[0] == "dlbricks: fast path: 2 of 4 models; 2 to the full loader (0 unexpected)"
+
+
 def _kill_when_busy(
     cluster: LocalCluster, node: str, store: Path, results: int, before: dict[str, str]
 ) -> threading.Thread:

@@ -7,7 +7,9 @@ Analysis (:func:`load_corpus_ray`): model files are parsed and digested by Ray t
 a chunk of paths per task. A task returns a :class:`ModelSketch` per model (name,
 path, layer names and kinds, layer digests and slot-annotated edges: flat arrays, no
 protobuf), which is everything the dedup, the ``analyze`` report and the choice of
-bricks read. The driver merges them in path order, so the result is the local one.
+bricks read, with the model's loader warnings and, when the fast path left it to the
+full loader, why (a :class:`~dlbricks.loading.FastPathFallback`). The driver merges
+them in path order, so the result is the local one, fallbacks included.
 
 Benchmarking (:func:`bench_on_ray`): every Ray node that offers the custom resource
 :data:`TIMING_RESOURCE` can host one timing *agent*, a Ray actor pinned to that node

@@ -8,13 +8,16 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from dlbricks.distributed.cluster import check_versions, dlbricks_versions, ray_module
 from dlbricks.errors import ModelError
 from dlbricks.model import layer_kinds, layer_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlbricks.loading import FastPathFallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,18 +71,22 @@ def sketch(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) 
 
 
 def _load_chunk(paths: Sequence[str], input_shapes: dict[str, tuple[int, ...]] | None) -> tuple[dict, list[tuple]]:
-    """Ray task body: (versions, [(sketch or None, error or None, warnings) per path])."""
+    """Ray task body: (versions, [(sketch or None, error or None, warnings, fallback) per
+    path]); the fallback (:class:`~dlbricks.loading.FastPathFallback`, None when the fast
+    path loaded the model) is recorded for a model that then fails to load too, as the
+    local loader does."""
     from dlbricks.loading import load
 
     out = []
     for p in paths:
+        left: list[FastPathFallback] = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                result: tuple = (sketch(load(p, input_shapes), input_shapes), None)
+                result: tuple = (sketch(load(p, input_shapes, on_fallback=left.append), input_shapes), None)
             except ModelError as exc:
                 result = (None, str(exc))
-        out.append((*result, [str(w.message) for w in caught]))
+        out.append((*result, [str(w.message) for w in caught], left[0] if left else None))
     return dlbricks_versions(), out
 
 
@@ -106,7 +113,9 @@ def load_corpus_ray(
 
     Returns:
         a :class:`dlbricks.analysis.LoadedCorpus` whose ``models`` are
-        :class:`ModelSketch` objects, in the order the local loader gives.
+        :class:`ModelSketch` objects, in the order the local loader gives, with the
+        models the nodes' fast path left to the full loader (``fallbacks``), in the
+        same order.
 
     Raises:
         UsageError: a missing path or a folder without models.
@@ -128,8 +137,11 @@ def load_corpus_ray(
     for versions, chunk in ray.get(refs):
         check_versions(versions, "a Ray node")
         rows.extend(chunk)
-    out = LoadedCorpus(models=[])
-    for f, (model, error, caught) in zip(files, rows):
+    fallbacks: list[FastPathFallback] = []
+    out = LoadedCorpus(models=[], fallbacks=fallbacks)
+    for f, (model, error, caught, fallback) in zip(files, rows):
+        if fallback is not None:
+            fallbacks.append(fallback)
         if error is not None:
             if strict:
                 raise ModelError(error)

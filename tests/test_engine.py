@@ -386,3 +386,49 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint():
                       on_result=lambda it, r: results.__setitem__(it.id, r), worker_factory=factory)
     assert summary.rounds == 3  # only the rounds the first run had not done
     assert all(r.rounds == 6 for r in results.values())
+
+
+def test_huge_pages_ask_glibc_for_them_in_the_worker_and_key_results():
+    from dlbricks.timing.engine_process import worker_env
+
+    os_env = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"}
+    import os
+
+    old = dict(os.environ)
+    os.environ.update(os_env)
+    try:
+        on = worker_env(RunnerConfig())
+        off = worker_env(RunnerConfig(huge_pages=False))
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert on["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"  # the user's other tunables kept
+    assert off["GLIBC_TUNABLES"] == os_env["GLIBC_TUNABLES"]
+    assert RunnerConfig(huge_pages=False).key() != RunnerConfig().key()
+
+
+def _anon_huge_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.parametrize("huge_pages", [True, False])
+def test_a_worker_with_huge_pages_holds_its_sessions_in_them(huge_pages):
+    from dlbricks.timing.sysinfo import huge_pages_available
+
+    if not huge_pages_available():
+        pytest.skip("glibc < 2.35 or transparent huge pages off: the setting has no effect here")
+    seen: list[int] = []
+
+    def on_round(done, total, rounds):
+        if rounds == 1:
+            seen.extend(_anon_huge_kib(pid) for pid in _worker_pids())
+
+    # 16 MiB of weights: onnxruntime's copies of them fill several 2 MiB pages.
+    measure([EngineItem("big", _matmul_model(2048, "big"))], [], RunnerConfig(huge_pages=huge_pages, max_rounds=5),
+            on_result=lambda it, r: None, on_round=on_round)
+    assert seen
+    assert (max(seen) >= 4096) == huge_pages

@@ -254,6 +254,10 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--no-call-overhead", action="store_true",
                    help="do not correct for each brick's fixed per-call cost (calibrated on this machine by two "
                         "probe models; by default it is counted once per model instead of once per brick)")
+    e.add_argument("--no-huge-pages", action="store_true",
+                   help="do not back the measured sessions' memory with transparent huge pages (by default they "
+                        "are, where glibc and the kernel allow: with 4 KiB pages a session's latency depends on "
+                        "where its buffers land in physical memory, different in every run)")
     e.add_argument("--memory-budget", type=positive_int, default=0, metavar="MB",
                    help="most memory the measured sessions may hold at once (default: half the available)")
     g.add_argument("--allow-denormals", action="store_true", help="do not flush denormals to zero")
@@ -319,6 +323,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
             memory_budget_mb=args.memory_budget,
             call_overhead=not args.no_call_overhead,
             clock=args.clock,
+            huge_pages=not getattr(args, "no_huge_pages", False),
         )
     except DlbricksError as exc:
         # RunnerConfig rejects impossible settings with a DlbricksError: the user's to

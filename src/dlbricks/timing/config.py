@@ -23,6 +23,7 @@ _IDENTITY_FIELDS = (
     "denormals_as_zero",
     "cache_state",
     "thread_spinning",
+    "huge_pages",
 )
 #: What a timed run finds in the caches (see RunnerConfig.cache_state).
 CACHE_STATES = ("warm", "cold", "auto")
@@ -91,6 +92,17 @@ class RunnerConfig:
             thread: the measurement engine holds many sessions, each with its own pool,
             and a pool thread spinning after its run takes the core from the next
             session's run. Part of the key.
+        huge_pages: back the measurement worker's heap (onnxruntime's weights, its
+            arena, the bound inputs and outputs) with transparent huge pages, through
+            glibc's malloc tunable ``glibc.malloc.hugetlb=1``. With 4 KiB pages, where a
+            session's buffers land in physical memory differs in every process and every
+            session, and with it the cache-set and TLB conflicts of its runs: two sessions
+            of one model, measured in the same rounds, then differ by several percent, so
+            a whole model's latency, one session of it, does not reproduce from one run to
+            the next. Huge pages make each 2 MiB contiguous. Needs glibc >= 2.35 and
+            transparent huge pages in ``madvise`` or ``always`` mode (see
+            :func:`dlbricks.timing.sysinfo.huge_pages_available`); without them it changes
+            nothing. Part of the key.
         call_overhead: reconstruction counts one call's fixed cost once per model, not
             once per brick: it is calibrated on this machine by two probe models
             measured with the bricks (:mod:`dlbricks.timing.calibration`), subtracted
@@ -119,6 +131,7 @@ class RunnerConfig:
     call_overhead: bool = True
     clock: str = "auto"
     thread_spinning: bool = False
+    huge_pages: bool = True
 
     def __post_init__(self) -> None:
         if self.cores is not None:

@@ -22,7 +22,7 @@ from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.workers import describe_exit
 
-__all__ = ["WorkerDied", "WorkerProcess"]
+__all__ = ["WorkerDied", "WorkerProcess", "worker_env"]
 
 _CLOSE = object()  # tells a worker's sender thread to end
 #: Serialized models larger than this go to the worker through a file (see WorkerProcess.send).
@@ -32,6 +32,19 @@ _SPOOL_BYTES = 256 << 10
 def _spool_dir() -> str | None:
     # tmpfs when there is one: the file is a copy in memory, never on disk.
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def worker_env(config: RunnerConfig) -> dict[str, str]:
+    """The environment a worker process starts with: this one's, with one OpenMP
+    thread (onnxruntime's own pools do the threading) and, with ``config.huge_pages``,
+    glibc's malloc asked to back the heap with transparent huge pages (a tunable read
+    at process start, hence set here, before the worker exists)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if config.huge_pages:
+        tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb=")]
+        env["GLIBC_TUNABLES"] = ":".join([*tunables, "glibc.malloc.hugetlb=1"])
+    return env
 
 
 class WorkerDied(Exception):
@@ -51,8 +64,7 @@ class WorkerProcess:
         os.close(fd)
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env = worker_env(config)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dlbricks.timing.engine_worker", str(to_child_r), str(to_parent_w), self._beacon_path],
             pass_fds=(to_child_r, to_parent_w),

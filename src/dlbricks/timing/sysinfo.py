@@ -159,7 +159,31 @@ def _memory_section() -> dict[str, Any]:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError):
             total = None
-    return {"total_bytes": total, "total_gib": round(total / 2**30) if total else None}
+    return {"total_bytes": total, "total_gib": round(total / 2**30) if total else None,
+            "transparent_hugepages": transparent_hugepages_mode(), "huge_pages_available": huge_pages_available()}
+
+
+_THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def transparent_hugepages_mode() -> str | None:
+    """The kernel's transparent huge page mode (``always``, ``madvise``, ``never``), or
+    None where the kernel does not say."""
+    text = _read(_THP_ENABLED)
+    if not text or "[" not in text:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0]
+
+
+def huge_pages_available() -> bool:
+    """Whether ``RunnerConfig.huge_pages`` takes effect here: glibc 2.35 or later (its
+    ``glibc.malloc.hugetlb`` tunable) and transparent huge pages not ``never``."""
+    lib, version = platform.libc_ver()
+    try:
+        glibc_ok = lib == "glibc" and tuple(int(x) for x in version.split(".")[:2]) >= (2, 35)
+    except ValueError:
+        glibc_ok = False
+    return glibc_ok and transparent_hugepages_mode() in ("always", "madvise")
 
 
 def _frequency_section() -> dict[str, Any]:

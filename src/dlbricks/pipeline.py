@@ -336,9 +336,8 @@ def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed:
 
     label = f"{w.kind} {w.digest[:12]}" if w.kind == "brick" else f"model {getattr(w.model, 'name', w.digest[:12])}"
     # Whole models are not engine references (measured over every round of their
-    # bricks): in interleaved A/B runs of four light models that changed neither the
-    # run-to-run range of normalized latency (0.06 either way) nor its interval
-    # coverage, and it doubled the light corpus' evaluate time.
+    # bricks): that did not make their estimates reproduce any better between runs,
+    # and it keeps the largest sessions running for as long as the slowest bricks.
     return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label)
 
 

@@ -146,3 +146,55 @@ def test_ray_runs_cut_the_source_graph(tmp_path, capsys):
     code = main(["bench", str(tmp_path), "--ray", "local", "--graph", "runtime", "--store", str(tmp_path / "s.sqlite")])
     err = capsys.readouterr().err
     assert code == 2 and "--graph runtime" in err and len(err.splitlines()) == 1
+
+
+def test_evaluate_attribution_prints_each_step_and_needs_its_data_with_no_measure(tmp_path, capsys):
+    import json
+
+    paths = [tmp_path / "a.onnx", tmp_path / "b.onnx"]
+    _conv_bn_relu_model(paths[0], "a")
+    _batched_model(paths[1])
+    store = tmp_path / "s.sqlite"
+    common = [*map(str, paths), "-G", "1", "--dim", "N=2", "--store", str(store), "--bootstrap", "20",
+              *FAST_CLI]
+    assert main(["evaluate", *common, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert "attribution" not in plain
+    # The store has the evaluation's results but none of the warm-cache variants'.
+    code = main(["evaluate", *common, "--no-measure", "--attribution"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--attribution" in err and "--no-measure" in err and len(err.splitlines()) == 1
+    assert main(["evaluate", *common, "--attribution", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    att = out["attribution"]
+    assert att["G"] == 1 and att["steps"] == ["baseline", "call_overhead", "runtime_graph", "cache_state"]
+    assert [m["name"] for m in att["models"]] == [m["name"] for m in plain["models"]] == ["a", "b"]
+    for m, row in zip(att["models"], out["models"]):
+        assert set(m["explained"]) == set(att["steps"][1:])
+        assert m["normalized"][-1] == row["per_g"]["1"]["sequential"]["normalized"]
+        assert m["e2e_s"] == row["e2e_s"] and m["path"] == row["path"]
+    assert out["reuse"]["models_measured"] == 0  # the whole models came from the first run
+    # Now everything is stored: --no-measure reads it, and the table shows every step per model.
+    assert main(["evaluate", *common, "--no-measure", "--attribution"]) == 0
+    text = capsys.readouterr().out
+    table = text[text.index("where each model's error comes from at G=1"):]
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[6:8]}
+    assert list(rows) == ["a", "b"]
+    for m in att["models"]:
+        assert [float(x) for x in rows[m["name"]]] == pytest.approx(m["normalized"], abs=6e-4)
+
+
+def test_evaluate_attribution_with_ray_is_a_usage_error(tmp_path, capsys):
+    import argparse
+
+    from dlbricks.commands import evaluate
+
+    from dlbricks.errors import UsageError
+
+    # evaluate measures on this machine only: argparse refuses --ray (exit 2)...
+    with pytest.raises(SystemExit) as exited:
+        main(["evaluate", str(tmp_path), "--attribution", "--ray", "local", "--store", str(tmp_path / "s.sqlite")])
+    assert exited.value.code == 2 and "--ray" in capsys.readouterr().err
+    # ...and so does the command itself, should it be handed one.
+    with pytest.raises(UsageError, match="--attribution does not apply with --ray"):
+        evaluate.run(argparse.Namespace(attribution=True, ray="local"))

@@ -339,3 +339,92 @@ def test_evaluating_fast_loaded_models_never_builds_their_layers(tmp_path):
         rows = brick_contributions(fresh, 1, store=bare, system_id=sid, config_key=key)
     assert sorted(r["op_types"][0] for r in rows) == ["Conv", "Relu"]
     assert not fresh[0].layers.is_materialized
+
+
+# ------------------------------------------------------------------ attribution (issue: per-model accuracy)
+
+
+@pytest.fixture(scope="module")
+def attributed(tmp_path_factory):
+    """Two tiny models evaluated on their runtime graphs with --attribution, then
+    without it, then with it again, all in one store."""
+    from dlbricks.loading.runtime_graph import runtime_models
+
+    root = tmp_path_factory.mktemp("attribution")
+    sources = [load(chain_model(3), name="chain"), load(diamond_model(), name="diamond")]
+    models = runtime_models(sources, config=FAST)
+    kw = {"config": FAST, "n_boot": 20, "e2e_models": sources}
+    with Store(root / "s.sqlite") as store:
+        first = evaluate(models, [1], store=store, attribution=True, **kw)
+        counts = (store.count(kind="brick"), store.count(kind="model"))
+        plain = evaluate(models, [1], store=store, **kw)
+        again = evaluate(models, [1], store=store, attribution=True, **kw)
+        counts_after = (store.count(kind="brick"), store.count(kind="model"))
+    return {"store": root / "s.sqlite", "sources": sources, "models": models, "first": first, "plain": plain,
+            "again": again, "counts": counts, "counts_after": counts_after}
+
+
+def test_attribution_ends_at_the_normal_evaluation(attributed):
+    att = attributed["first"]["attribution"]
+    assert att["G"] == 1 and att["steps"] == ["baseline", "call_overhead", "runtime_graph", "cache_state"]
+    assert "attribution" not in attributed["plain"]
+    plain = {m["name"]: m["per_g"]["1"]["sequential"]["normalized"] for m in attributed["plain"]["models"]}
+    assert [m["name"] for m in att["models"]] == ["chain", "diamond"]
+    for m in att["models"]:
+        assert len(m["normalized"]) == 4
+        assert m["normalized"][-1] == pytest.approx(plain[m["name"]], rel=1e-12)
+        # Each step's change, and together the whole way from the baseline.
+        assert sum(m["explained"].values()) == pytest.approx(m["normalized"][-1] - m["normalized"][0])
+    # The runtime graph fuses chain's Conv+Relu: its bricks differ from the source's.
+    chain = att["models"][0]
+    assert chain["latency_s"][2] != chain["latency_s"][1]
+
+
+def test_attribution_call_overhead_step_is_the_calibrated_correction(attributed):
+    from dataclasses import replace
+
+    from dlbricks.timing.calibration import call_overhead_ns
+
+    warm_key = replace(FAST, cache_state="warm").key()
+    att = attributed["first"]["attribution"]
+    assert att["config_key"] == warm_key != FAST.key()
+    sid = fingerprint_id(system_fingerprint())
+    with Store(attributed["store"], readonly=True) as store:
+        overhead = call_overhead_ns(store, sid, warm_key)
+        assert overhead is not None and att["call_overhead_ns"] == overhead
+        kw = {"store": store, "system_id": sid, "config_key": warm_key, "modes": ("sequential",), "n_boot": 10}
+        without = reconstruct(attributed["sources"], 1, **kw)
+        with_ = reconstruct(attributed["sources"], 1, call_overhead_ns=overhead, **kw)
+    for m, a, b in zip(att["models"], without, with_):
+        expected = (b.latency_s - a.latency_s) / m["e2e_s"]
+        assert m["normalized"][1] - m["normalized"][0] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        assert m["explained"]["call_overhead"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        assert m["normalized"][0] == pytest.approx(a.latency_s / m["e2e_s"], rel=1e-12)
+
+
+def test_attribution_rerun_with_the_same_store_measures_nothing_new(attributed):
+    first, again = attributed["first"], attributed["again"]
+    assert first["attribution"]["reuse"]["bricks_measured"] > 0  # the warm bricks, the first time
+    reuse = again["attribution"]["reuse"]
+    assert reuse["bricks_measured"] == 0 and reuse["bricks_reused"] == reuse["bricks_total"] > 0
+    assert again["reuse"]["bricks_measured"] == 0 and again["reuse"]["models_measured"] == 0
+    assert attributed["counts_after"] == attributed["counts"]
+    for a, b in zip(first["attribution"]["models"], again["attribution"]["models"]):
+        assert a["latency_s"][:3] == b["latency_s"][:3]
+
+
+def test_attribution_steps_share_one_end_to_end_latency(attributed):
+    from dlbricks.bricks import model_digest
+    from dlbricks.versions import model_digest_version
+
+    ev = attributed["first"]
+    att = ev["attribution"]
+    for row, m in zip(ev["models"], att["models"]):
+        assert m["e2e_s"] == row["e2e_s"]
+        assert m["normalized"] == pytest.approx([x / row["e2e_s"] for x in m["latency_s"]], rel=1e-12)
+    # Whole models were timed once, under the evaluation's own configuration, never per variant.
+    sid = fingerprint_id(system_fingerprint())
+    with Store(attributed["store"], readonly=True) as store:
+        assert store.count(kind="model") == 2
+        for s in attributed["sources"]:
+            assert store.get_result("model", model_digest(s), model_digest_version(), sid, att["config_key"]) is None

@@ -32,7 +32,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import ResultRecord, Store
     from dlbricks.timing.config import RunnerConfig
 
-__all__ = ["Evaluation", "GAccuracy", "ModelEvaluation", "evaluate"]
+__all__ = ["ATTRIBUTION_STEPS", "AttributionUnavailable", "Evaluation", "GAccuracy", "ModelEvaluation", "evaluate"]
+
+#: The chain of variants ``evaluate(..., attribution=True)`` reconstructs, each adding
+#: one correction to the one before; the last is the evaluation itself.
+ATTRIBUTION_STEPS = ("baseline", "call_overhead", "runtime_graph", "cache_state")
+
+
+class AttributionUnavailable(DlbricksError):
+    """The store lacks results an attribution needs, and measuring was not allowed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +134,12 @@ class Evaluation(Mapping[str, Any]):
         return self._data.get("call_overhead_ns")
 
     @property
+    def attribution(self) -> dict[str, Any] | None:
+        """What each correction explains per model (``evaluate(..., attribution=True)``), or None."""
+        value = self._data.get("attribution")
+        return copy.deepcopy(value) if value is not None else None
+
+    @property
     def per_g(self) -> list[GAccuracy]:
         names = GAccuracy.__slots__
         return [GAccuracy(**{k: g.get(k, math.nan) for k in names}) for g in self._data.get("per_g", [])]
@@ -198,6 +212,7 @@ def evaluate(
     e2e_models: Sequence[Model] | None = None,
     brick_dirs: Sequence[str | Path] = (),
     remeasure_unstable: bool = False,
+    attribution: bool = False,
 ) -> Evaluation:
     """The paper's experiments: constructed vs end-to-end latency and speedups per G.
 
@@ -225,6 +240,12 @@ def evaluate(
             decomposition times the source models); default: the models themselves.
         remeasure_unstable: measure again, first, the stored results the precision
             check flags (:meth:`dlbricks.quality.Assessment.remeasure`).
+        attribution: also reconstruct, at ``Gs[0]``, the chain of variants of
+            :data:`ATTRIBUTION_STEPS` (the source graph with warm caches and no
+            call-overhead correction; + the correction; + the graphs ``models`` are cut
+            from; + ``config.cache_state``, which is this evaluation) against the same
+            end-to-end latencies, measuring only the bricks the store lacks; the result
+            then has an ``attribution`` entry (see :func:`_attribution`).
 
     Returns:
         an :class:`Evaluation` (``to_dict()`` is the JSON form, schema in README; it
@@ -236,6 +257,8 @@ def evaluate(
         DlbricksError: ``e2e_models`` does not pair with ``models``; a result is missing
             without ``measure_missing``; no model could be measured end to end. (A model
             whose end-to-end run fails is left out and listed under ``excluded``.)
+        AttributionUnavailable: ``attribution`` without ``measure_missing``, and the store
+            lacks a result one of its variants needs.
     """
     from dlbricks.bricks import model_digest
     from dlbricks.pipeline import bench
@@ -390,6 +413,12 @@ def evaluate(
         if g1:  # the paper's Section 2: layer latencies summed, and along the critical path
             r["layer_sum_s"] = g1["sequential"]["latency_s"]
             r["layer_critical_path_s"] = g1["parallel"]["latency_s"]
+    extra: dict[str, Any] = {}
+    if attribution:
+        extra["attribution"] = _attribution(
+            models, sources, rows, int(Gs[0]), store=store, config=config, system_id=system_id,
+            measure_missing=measure_missing, workdir=workdir, seed=seed, progress=progress, n_boot=n_boot,
+            brick_dirs=brick_dirs)
     return Evaluation({
         "schema_version": 1,
         "system_id": system_id,
@@ -403,7 +432,113 @@ def evaluate(
         "precision_check": check.to_dict(),
         "reuse": reuse,
         "excluded": excluded,
+        **extra,
     }, check)
+
+
+def _attribution(
+    models: Sequence[Model],
+    sources: Sequence[Model],
+    rows: Sequence[Mapping[str, Any]],
+    G: int,
+    *,
+    store: Store,
+    config: RunnerConfig,
+    system_id: str,
+    measure_missing: bool,
+    workdir: str | Path | None,
+    seed: int,
+    progress: bool,
+    n_boot: int,
+    brick_dirs: Sequence[str | Path],
+) -> dict[str, Any]:
+    """How much of each model's error each correction explains, at ``G``.
+
+    The chain (:data:`ATTRIBUTION_STEPS`): ``baseline``, the source graphs' bricks timed
+    warm, summed without the call-overhead correction; ``call_overhead``, the same
+    bricks with the calibrated overhead of that (warm) configuration counted once per
+    model (if ``config.call_overhead``); ``runtime_graph``, the bricks of ``models``
+    (the graphs this evaluation decomposed), still warm; ``cache_state``, this
+    evaluation (``config.cache_state``). Warm bricks, and the warm configuration's
+    calibration probes, are measured where the store lacks them; whole models never:
+    every step is normalized by the evaluation's own end-to-end latency (whole models
+    are timed as warm loops of the source model whatever the bricks' cache state).
+
+    Returns:
+        ``{"G", "steps", "labels", "config_key", "call_overhead_ns", "models": [{"name",
+        "path", "e2e_s", "latency_s": [per step], "normalized": [per step], "explained":
+        {step: change in normalized latency}}], "reuse"}`` (``reuse``: the warm
+        variants' unique bricks, ``bricks_total``, ``bricks_reused``, ``bricks_measured``,
+        ``bricks_failed``, and the seconds spent, ``wall_s``).
+
+    Raises:
+        AttributionUnavailable: without ``measure_missing``, a brick or the warm
+            calibration is not in the store.
+    """
+    from dataclasses import replace
+
+    from dlbricks.pipeline import bench
+    from dlbricks.reconstruct import MissingResults
+
+    warm = replace(config, cache_state="warm")
+    warm_key = warm.key()
+    # The graphs this evaluation cut that are not the source graph (a model whose
+    # runtime graph could not be used is its own source).
+    cut = [m for m, s in zip(models, sources) if m is not s]
+    reuse: dict[str, Any] = {"bricks_total": 0, "bricks_reused": 0, "bricks_measured": 0, "bricks_failed": 0,
+                             "wall_s": 0.0}
+    if measure_missing:
+        summary = bench([*sources, *cut], [G], store=store, config=warm, workdir=workdir, e2e=False, seed=seed,
+                        progress=progress, brick_dirs=brick_dirs)
+        reuse = {k: getattr(summary, k) for k in reuse}
+    overhead = call_overhead_ns(store, system_id, warm_key) if config.call_overhead else None
+    if config.call_overhead and overhead is None and not measure_missing:
+        raise AttributionUnavailable(
+            f"attribution at G={G}: the store has no call-overhead calibration for warm caches; "
+            "measure it (drop --no-measure) or pass --no-call-overhead")
+
+    def sums(group: Sequence[Model], ns: float | None) -> list[float]:
+        try:
+            preds = predict(group, G, store=store, system_id=system_id, config_key=warm_key, modes=("sequential",),
+                            n_boot=min(n_boot, 50), seed=seed, call_overhead_ns=ns)
+        except MissingResults as exc:
+            if measure_missing:
+                raise
+            raise AttributionUnavailable(
+                f"attribution at G={G}: {len(exc.missing)} brick(s) timed with warm caches are not in the store; "
+                "drop --no-measure to measure them") from None
+        return [p[0].latency_s for p in preds]
+
+    base = sums(sources, None)
+    with_call = sums(sources, overhead)
+    runtime = with_call if not cut else sums(models, overhead)
+    out_models = []
+    for i, r in enumerate(rows):
+        e = float(r["e2e_s"])
+        latency = [base[i], with_call[i], runtime[i], float(r["per_g"][str(G)]["sequential"]["latency_s"])]
+        norm = [x / e for x in latency]
+        out_models.append({
+            "name": r["name"],
+            "path": r["path"],
+            "e2e_s": e,
+            "latency_s": latency,
+            "normalized": norm,
+            "explained": {step: norm[k] - norm[k - 1] for k, step in enumerate(ATTRIBUTION_STEPS) if k},
+        })
+    return {
+        "G": G,
+        "steps": list(ATTRIBUTION_STEPS),
+        "labels": {
+            "baseline": "source graph, warm caches, no call-overhead correction",
+            "call_overhead": "+ call-overhead correction" + ("" if config.call_overhead else " (off: --no-call-overhead)"),
+            "runtime_graph": "+ runtime graph",
+            "cache_state": f"+ cache state {config.cache_state}",
+        },
+        "config_key": warm_key,
+        "call_overhead_ns": overhead,
+        "models": out_models,
+        "reuse": reuse,
+    }
 
 
 def accuracy_metrics(normalized: Sequence[float], measured: Sequence[float] | None = None,

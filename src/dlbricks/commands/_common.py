@@ -62,6 +62,17 @@ def add_graph_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime-graph", dest="graph", action="store_const", const="runtime", help=argparse.SUPPRESS)
 
 
+def add_attribution_arg(p: argparse.ArgumentParser) -> None:
+    """``--attribution``: what each correction explains of each model's error."""
+    p.add_argument(
+        "--attribution",
+        action="store_true",
+        help="also show, per model at the first G, the normalized latency after each correction in turn: "
+             "source graph with warm caches and no call-overhead correction, + the call-overhead correction, "
+             "+ the runtime graph, + --cache-state (the evaluation itself); measures the bricks the store lacks",
+    )
+
+
 def chosen_graph(args: argparse.Namespace) -> str:
     """The graph ``--graph`` asks to cut: as given, else "runtime" (commands without the
     option cut the source graph, and so do Ray runs: see bench's ``--ray``)."""

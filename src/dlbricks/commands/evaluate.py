@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from dlbricks.analysis import print_err
 from dlbricks.commands._common import (
+    add_attribution_arg,
     add_bricks_dir_arg,
     add_graph_arg,
     add_model_args,
@@ -24,6 +25,7 @@ from dlbricks.commands._common import (
     runner_config,
     time_unit,
 )
+from dlbricks.errors import UsageError
 from dlbricks.files import write_atomically
 
 
@@ -34,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-measure", action="store_true", help="use only what the store has; error if anything is missing")
     add_remeasure_arg(p)
     add_graph_arg(p)
+    add_attribution_arg(p)
     add_bricks_dir_arg(p)
     p.add_argument("--bootstrap", type=positive_int, default=400, help="bootstrap replicates for intervals")
     add_output_args(p)
@@ -46,26 +49,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from dlbricks.evaluation import evaluate
+    from dlbricks.evaluation import AttributionUnavailable, evaluate
 
+    if args.attribution and getattr(args, "ray", None):
+        raise UsageError("--attribution does not apply with --ray: its variants are measured on this machine")
     Gs = parse_g_list(args.G)
     config = runner_config(args)
     models, sources = load_models_and_sources(args, config)
     # --no-measure only reads: a mistyped --store is an error, not a new empty store.
     with open_store(args, must_exist=args.no_measure) as store:
-        evaluation = evaluate(
-            models,
-            Gs,
-            store=store,
-            config=config,
-            measure_missing=not args.no_measure,
-            workdir=args.workdir,
-            seed=args.seed,
-            progress=True,
-            n_boot=args.bootstrap,
-            e2e_models=sources,
-            remeasure_unstable=args.remeasure_unstable,
-        )
+        try:
+            evaluation = evaluate(
+                models,
+                Gs,
+                store=store,
+                config=config,
+                measure_missing=not args.no_measure,
+                workdir=args.workdir,
+                seed=args.seed,
+                progress=True,
+                n_boot=args.bootstrap,
+                e2e_models=sources,
+                remeasure_unstable=args.remeasure_unstable,
+                attribution=args.attribution,
+            )
+        except AttributionUnavailable as exc:
+            raise UsageError(f"--attribution: {exc}") from None
     result = evaluation.to_dict()
     record_graphs(result, args.graphs)
     result["store"] = str(store.path)
@@ -114,6 +123,8 @@ def render_evaluation(result: Mapping[str, Any]) -> str:
         if result.get("graph") == "mixed" and m.get("graph") == "source":
             flags += "  (cut from its source graph)"
         lines.append(f"{mark} {m['name']:<{width}} {m['e2e_s'] / scale:>9.3f}" + "".join(cells) + flags)
+    if result.get("attribution"):
+        lines += ["", *render_attribution(result["attribution"])]
     reuse = result.get("reuse") or {}
     if reuse.get("bricks_total") is not None:
         lines.append("")
@@ -122,3 +133,24 @@ def render_evaluation(result: Mapping[str, Any]) -> str:
             f"{reuse.get('models_reused')} of {reuse.get('models_total')} models"
         )
     return "\n".join(lines) + "\n"
+
+
+def render_attribution(att: Mapping[str, Any]) -> list[str]:
+    """The attribution table: per model, the normalized latency after each step (each
+    adds one correction to the one before; the last is the evaluation itself)."""
+    steps = list(att["steps"])
+    labels = att.get("labels") or {}
+    heads = {"baseline": "baseline", "call_overhead": "+call ovh", "runtime_graph": "+runtime",
+             "cache_state": "+cache"}
+    width = max([5, *(len(m["name"]) for m in att["models"])])
+    lines = [f"where each model's error comes from at G={att['G']} (normalized latency after each step; "
+             "one end-to-end latency per model)"]
+    lines += [f"  {heads.get(s, s)}: {labels.get(s, s)}" for s in steps]
+    lines.append(f"  {'model':<{width}}" + "".join(f" {heads.get(s, s)[:10]:>10}" for s in steps))
+    for m in att["models"]:
+        lines.append(f"  {m['name']:<{width}}" + "".join(f" {v:>10.3f}" for v in m["normalized"]))
+    reuse = att.get("reuse") or {}
+    if reuse.get("bricks_total"):
+        lines.append(f"  warm-cache variants: {reuse.get('bricks_reused')} of {reuse.get('bricks_total')} unique "
+                     f"bricks reused from the store, {reuse.get('bricks_measured')} measured")
+    return lines

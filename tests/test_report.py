@@ -217,8 +217,8 @@ def _body_rows(doc: _Doc, tid: str) -> list[list[str]]:
 def test_report_has_every_section_with_an_embedded_figure(run: dict) -> None:
     doc = _parse(run["html"])
     for sid, _head in SECTIONS:
-        if sid == "roofline":
-            assert sid not in doc.sections  # only when a roofline result is given
+        if sid in ("roofline", "attribution"):
+            assert sid not in doc.sections  # only when a roofline result, or an attribution, is given
             continue
         assert sid in doc.sections, sid
         assert doc.sections[sid]["notes"] == [], (sid, doc.sections[sid]["notes"])
@@ -413,7 +413,8 @@ def test_missing_inputs_leave_each_section_with_a_note(run: dict) -> None:
     doc = _parse(build_report(None, None))
     assert doc.errors == [] and doc.imgs == {}
     for sid, _head in SECTIONS:
-        if sid == "roofline":
+        if sid in ("roofline", "attribution"):
+            assert sid not in doc.sections
             continue
         assert doc.sections[sid]["notes"] and doc.sections[sid]["notes"][0].strip(), sid
     doc = _parse(build_report(run["analysis"], None))
@@ -421,6 +422,54 @@ def test_missing_inputs_leave_each_section_with_a_note(run: dict) -> None:
         assert FIGURES[sid] in doc.imgs and not doc.sections[sid]["notes"]
     for sid in EVALUATION_SECTIONS + ("top-bricks", "results"):
         assert doc.sections[sid]["notes"] and not doc.sections[sid]["figures"], sid
+
+
+def _with_attribution(ev: dict) -> dict:
+    """The evaluation with an attribution of the shape `evaluate --attribution` gives,
+    its numbers made up so that each model's steps differ."""
+    ev = copy.deepcopy(ev)
+    steps = ["baseline", "call_overhead", "runtime_graph", "cache_state"]
+    models = []
+    for i, m in enumerate(ev["models"]):
+        final = m["per_g"]["1"]["sequential"]["normalized"]
+        norm = [final + 0.3 - 0.1 * i, final + 0.1, final - 0.02 * (i + 1), final]
+        models.append({"name": m["name"], "path": m.get("path"), "e2e_s": m["e2e_s"],
+                       "latency_s": [v * m["e2e_s"] for v in norm], "normalized": norm,
+                       "explained": {s: norm[k] - norm[k - 1] for k, s in enumerate(steps) if k}})
+    ev["attribution"] = {"G": 1, "steps": steps, "labels": {"cache_state": "+ cache state auto"},
+                         "models": models}
+    return ev
+
+
+def test_the_attribution_section_shows_each_step_per_model_when_the_evaluation_has_one(run: dict) -> None:
+    ev = _with_attribution(run["evaluation"])
+    text = build_report(run["analysis"], ev)
+    doc = _parse(text)
+    assert doc.errors == []
+    order = list(doc.sections)
+    assert order.index("normalized") + 1 == order.index("attribution")
+    assert "#attribution" in doc.urls and "<h2>Where each model&#x27;s error comes from</h2>" in text
+    sec = doc.sections["attribution"]
+    assert sec["notes"] == [] and sec["figures"] == ["fig-attribution"]
+    assert doc.imgs["fig-attribution"] == "svg" and doc.svg_tags["fig-attribution"] > 20
+    head, *rows = doc.tables["table-attribution"]
+    assert head[:6] == ["model", "end-to-end", "after baseline", "after + call overhead", "after + runtime graph",
+                        "after + cache state"]
+    # Sorted by the final error, the worst first; every step's value and change per model.
+    att = {m["name"]: m for m in ev["attribution"]["models"]}
+    worst_first = sorted(att, key=lambda n: -abs(att[n]["normalized"][-1] - 1))
+    assert [r[0] for r in rows] == worst_first
+    for r in rows:
+        m = att[r[0]]
+        assert [float(x) for x in r[2:6]] == pytest.approx(m["normalized"], abs=6e-4)
+        assert [float(x) for x in r[6:9]] == pytest.approx(list(m["explained"].values()), abs=6e-4)
+    assert "+ cache state auto" in build_report(None, ev)
+
+
+def test_there_is_no_attribution_section_without_an_attribution(run: dict) -> None:
+    doc = _parse(run["html"])
+    assert "attribution" not in doc.sections and "#attribution" not in doc.urls
+    assert "fig-attribution" not in doc.imgs and "table-attribution" not in doc.tables
 
 
 def test_text_from_the_inputs_is_escaped() -> None:

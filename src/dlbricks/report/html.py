@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from dlbricks.files import write_atomically
 from dlbricks.report.markup import esc
-from dlbricks.report.sections import SECTIONS, TOP_BRICKS, Context, brick_contributions, render_sections
+from dlbricks.report.sections import (
+    SECTIONS,
+    TOP_BRICKS,
+    Context,
+    brick_contributions,
+    has_attribution,
+    render_sections,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.model import Model
@@ -75,7 +82,7 @@ def build_report(
     nav = "".join(
         f'<li><a href="#{sid}">{esc(head)}</a></li>'
         for sid, head in SECTIONS
-        if sid != "roofline" or roofline is not None
+        if (sid != "roofline" or roofline is not None) and (sid != "attribution" or has_attribution(evaluation))
     )
     inputs: list[tuple[str, Any]] = [("generated", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")), ("dlbricks", __version__)]
     if evaluation is not None:

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from dlbricks.files import write_atomically
+from dlbricks.report.attribution_view import has_attribution
 from dlbricks.report.markup import esc
 from dlbricks.report.sections import (
     SECTIONS,
     TOP_BRICKS,
     Context,
     brick_contributions,
-    has_attribution,
     render_sections,
 )
 

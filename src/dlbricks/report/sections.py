@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.model import Model
     from dlbricks.store import Store
 
-__all__ = ["SECTIONS", "TOP_BRICKS", "Context", "brick_contributions", "has_attribution", "render_sections"]
+__all__ = ["SECTIONS", "TOP_BRICKS", "Context", "brick_contributions", "render_sections"]
 
 
 #: (id, heading) of every section, in page order. ``roofline`` only appears when given,
@@ -179,6 +179,7 @@ class Context:
 def render_sections(ctx: Context) -> list[str]:
     """Every section's HTML, in page order; the roofline only when the context has one,
     the attribution only when the evaluation has one."""
+    from dlbricks.report.attribution_view import attribution_section, has_attribution
     from dlbricks.report.plots import style
     from dlbricks.report.roofline_view import roofline_section
     from dlbricks.report.summary import summary_section
@@ -188,7 +189,7 @@ def render_sections(ctx: Context) -> list[str]:
             summary_section(ctx, section),
             _e2e_section(ctx),
             _normalized_section(ctx),
-            *([_attribution_section(ctx)] if has_attribution(ctx.evaluation) else []),
+            *([attribution_section(ctx, _section)] if has_attribution(ctx.evaluation) else []),
             _geomean_section(ctx),
             _speedup_section(ctx),
             _uncertainty_section(ctx),
@@ -518,75 +519,6 @@ def _normalized_section(ctx: Context) -> str:
     return _section("normalized", figure(fig, "fig-normalized", "Normalized constructed latency per model and G "
                                           "(95% bootstrap CI)") + table(cols, rows, tid="table-normalized"),
                     intro=intro)
-
-
-def has_attribution(evaluation: Mapping[str, Any] | None) -> bool:
-    """Whether an evaluation carries an attribution (``evaluate --attribution``)."""
-    return bool(evaluation and (evaluation.get("attribution") or {}).get("models"))
-
-
-_STEP_HEADS = {"baseline": "baseline", "call_overhead": "+ call overhead", "runtime_graph": "+ runtime graph",
-               "cache_state": "+ cache state"}
-_STEP_STYLE = (("#9aa4af", "o"), ("#f58518", "s"), ("#54a24b", "^"), ("#4c78a8", "D"))
-
-
-def _attribution_section(ctx: Context) -> str:
-    att = (ctx.evaluation or {})["attribution"]
-    steps = [str(s) for s in att.get("steps", [])]
-    labels = att.get("labels") or {}
-    heads = [_STEP_HEADS.get(s, s) for s in steps]
-
-    def final_error(m: Mapping[str, Any]) -> float:
-        v = (m.get("normalized") or [float("nan")])[-1]
-        return abs(float(v) - 1.0) if finite(v) else -1.0
-
-    # The worst-predicted model first, as in the summary.
-    ms = sorted(att["models"], key=lambda m: (-final_error(m), str(m["name"])))
-    fig = new_figure(8.5, bar_height(len(ms)))
-    ax = fig.add_subplot()
-    ax.axvspan(0.9, 1.1, color="#54a24b", alpha=0.08, lw=0)
-    ax.axvspan(0.95, 1.05, color="#54a24b", alpha=0.16, lw=0)
-    ax.axvline(1.0, color="black", lw=1)
-    y = list(range(len(ms)))
-    allx: list[float] = []
-    for i, m in enumerate(ms):
-        xs = [float(v) for v in m.get("normalized", []) if finite(v)]
-        allx += xs
-        if len(xs) > 1:
-            ax.plot(xs, [i] * len(xs), color="#c3c9d0", lw=1.2, zorder=1)
-    for k, head in enumerate(heads):
-        color, marker = _STEP_STYLE[k % len(_STEP_STYLE)]
-        xs = [float(m["normalized"][k]) if k < len(m.get("normalized", [])) and finite(m["normalized"][k])
-              else float("nan") for m in ms]
-        ax.scatter(xs, y, color=color, marker=marker, s=36 if k < len(heads) - 1 else 48, zorder=2 + k,
-                   label=label(head, 32))
-    rows_axis(ax, [label(m["name"], 32) for m in ms])
-    if allx:
-        lo, hi = min([0.9, *allx]), max([1.1, *allx])
-        pad = 0.05 * (hi - lo)
-        ax.set_xlim(lo - pad, hi + pad)
-    ax.set_xlabel("normalized latency (rebuilt from bricks / measured end to end)")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    G = att.get("G")
-    legend = ("Each row is a model, the worst-predicted at the top; the markers are its normalized latency after "
-              "each step, from the baseline (grey) to the evaluation itself (blue); the shaded bands are ±5% "
-              "and ±10%.")
-    cols = ["model", "end-to-end"] + [f"after {h}" for h in heads] + [f"change by {h}" for h in heads[1:]]
-    rows = []
-    for m in ms:
-        norm = list(m.get("normalized", []))
-        explained = m.get("explained") or {}
-        rows.append([m["name"], seconds_cell(m.get("e2e_s"))] + [number_cell(v) for v in norm]
-                    + [number_cell(explained.get(s), 3) for s in steps[1:]])
-    steps_text = "; ".join(f"<b>{esc(h)}</b>: {esc(labels.get(s, s))}" for s, h in zip(steps, heads))
-    intro = (f"At G={esc(G)}, each model's latency rebuilt from its bricks after each correction in turn, over "
-             "the same end-to-end latency (the whole model is timed once; only the bricks differ between "
-             f"steps). Each step adds one correction to the one before, so its change is what that correction "
-             f"explains of the model's error. Steps: {steps_text}.")
-    return _section("attribution", figure(fig, "fig-attribution", f"Normalized latency after each step per model "
-                                          f"(G={G}), sorted by final error", legend=legend)
-                    + table(cols, rows, tid="table-attribution"), intro=intro)
 
 
 def _per_g(ctx: Context) -> list[Mapping[str, Any]] | None:

@@ -183,6 +183,34 @@ def test_bench_reuses_the_store_and_measures_only_new_bricks(tmp_path):
         assert third.bricks_measured == third.bricks_total
 
 
+def test_items_with_large_weights_go_to_the_worker_as_files_and_measure_as_bytes_do(tmp_path, monkeypatch):
+    import dlbricks.pipeline as pipeline
+
+    m = load(chain_model(2))
+    work = tmp_path / "work"
+    with Store(tmp_path / "bytes.sqlite") as store:
+        as_bytes = bench([m], [1], store=store, config=FAST, e2e=True, workdir=work)
+    written: list[str] = []
+    import dlbricks.bricks as bricks
+
+    original = bricks.write_brick  # the pipeline imports it where it is used, so the spy sees every call
+
+    def spy(model, members, path, **kw):
+        written.append(str(path))
+        return original(model, members, path, **kw)
+
+    monkeypatch.setattr(bricks, "write_brick", spy)
+    monkeypatch.setattr(pipeline, "_FILE_WEIGHT_BYTES", 1)  # every item with a weight
+    with Store(tmp_path / "files.sqlite") as store:
+        as_files = bench([m], [1], store=store, config=FAST, e2e=True, workdir=work)
+    assert as_files.bricks_measured == as_bytes.bricks_measured == as_files.bricks_total > 0
+    assert as_files.models_measured == as_bytes.models_measured == 1 and as_files.bricks_failed == 0
+    # Every brick with a weight (the convolutions) and the whole model went as files,
+    # and none is left behind once measured.
+    assert any("/model/" in p for p in written) and any("/brick/" in p for p in written)
+    assert not [p for p in work.rglob("*") if p.is_file()]
+
+
 def test_a_brick_onnxruntime_cannot_run_is_recorded_failed_and_the_run_goes_on(tmp_path):
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="relu"),

@@ -219,20 +219,29 @@ def _runtime_model(
     level: str | None,
     input_shapes: Mapping[str, Sequence[int]] | None,
 ) -> Model:
-    from dlbricks.bricks import whole_model
+    from dlbricks.bricks import model_digest, write_brick
     from dlbricks.loading import load
+    from dlbricks.timing.engine_process import spool_dir
 
-    # Optimised as it is timed end to end: with synthesised weights. onnxruntime's
-    # optimiser looks at weight values (it merges branches whose weights are equal,
-    # folds BatchNormalization only where it can), so the file's own weights can give
-    # another graph: the light models' weights are all zeros, and Inception v2's file
-    # optimises to 129 kernels where the model that runs has 96.
-    try:
-        source: str | onnx.ModelProto = whole_model(model, seed=0)[0]
-    except (DlbricksError, KeyError, ValueError) as exc:
-        raise ModelError(f"{model.name}: cannot rebuild its graph to optimise: {first_line(exc)}") from None
     shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
-    proto = optimized_model(source, config=config, level=level, input_shapes=shapes)
+    with tempfile.TemporaryDirectory(prefix="dlbricks-rt-", dir=spool_dir()) as tmp:
+        # Optimised as it is timed end to end: with synthesised weights (those of
+        # dlbricks.bricks.whole_model). onnxruntime's optimiser looks at weight values (it
+        # merges branches whose weights are equal, folds BatchNormalization only where it
+        # can), so the file's own weights can give another graph: the light models'
+        # weights are all zeros, and Inception v2's file optimises to 129 kernels where
+        # the model that runs has 96. Written as a file with its weights raw beside it,
+        # which onnxruntime maps, rather than copied through protobuf.
+        source = Path(tmp) / "model.onnx"
+        try:
+            write_brick(model, list(range(model.n_layers)), source, seed=0, digest=model_digest(model),
+                        G=model.n_layers, check=False)
+        except (DlbricksError, KeyError, ValueError) as exc:
+            raise ModelError(f"{model.name}: cannot rebuild its graph to optimise: {first_line(exc)}") from None
+        try:
+            proto = optimized_model(source, config=config, level=level, input_shapes=shapes, workdir=tmp)
+        except ModelError as exc:  # named by the model, not by the temporary file
+            raise ModelError(str(exc).replace(str(source), model.name)) from exc.__cause__
     return load(proto, shapes, name=model.name)
 
 

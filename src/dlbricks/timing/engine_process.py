@@ -22,15 +22,16 @@ from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.workers import describe_exit
 
-__all__ = ["WorkerDied", "WorkerProcess", "worker_env"]
+__all__ = ["WorkerDied", "WorkerProcess", "spool_dir", "worker_env"]
 
 _CLOSE = object()  # tells a worker's sender thread to end
 #: Serialized models larger than this go to the worker through a file (see WorkerProcess.send).
 _SPOOL_BYTES = 256 << 10
 
 
-def _spool_dir() -> str | None:
-    # tmpfs when there is one: the file is a copy in memory, never on disk.
+def spool_dir() -> str | None:
+    """Where files handed to a worker go: tmpfs when there is one (a copy in memory,
+    never on disk), else None (the system's temporary folder)."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -120,7 +121,7 @@ class WorkerProcess:
         if msg and msg[0] == "open" and isinstance(msg[2], bytes) and len(msg[2]) > _SPOOL_BYTES:
             # A large model goes through a file: one write here, one read there, instead
             # of a pipe the parent's generating thread must keep feeding 64 KiB at a time.
-            fd, path = tempfile.mkstemp(prefix="dlbricks-model-", suffix=".onnx", dir=_spool_dir())
+            fd, path = tempfile.mkstemp(prefix="dlbricks-model-", suffix=".onnx", dir=spool_dir())
             with os.fdopen(fd, "wb") as f:
                 f.write(msg[2])
             self.spooled.append(path)

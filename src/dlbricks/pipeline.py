@@ -324,7 +324,7 @@ def _weight_bytes(model: Model, members: Sequence[int] | np.ndarray) -> int:
 def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed: int) -> EngineItem:
     """A work item as the engine's item: generated when its session is opened, and
     handed over as bytes (no file written and read back) unless its weights are large."""
-    from dlbricks.bricks import generate_brick, model_digest, write_brick
+    from dlbricks.bricks import generate_brick, model_digest, whole_model, write_brick
 
     model = cast(Model, w.model)  # bench plans loaded Models; only Ray's driver plans sketches
 
@@ -341,7 +341,10 @@ def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed:
             path = out / w.kind / f"{w.digest}.onnx"
             _, info = write_brick(model, members, path, seed=seed, digest=digest, G=G, check=False)
             return str(path), dict(info.int_bounds) or None
-        proto, info = generate_brick(model, members, seed=seed, digest=digest, G=G)
+        if w.kind == "brick":
+            proto, info = generate_brick(model, members, seed=seed, digest=digest, G=G)
+        else:
+            proto, info = whole_model(model, seed=seed)
         return proto.SerializeToString(), dict(info.int_bounds) or None
 
     label = f"{w.kind} {w.digest[:12]}" if w.kind == "brick" else f"model {getattr(w.model, 'name', w.digest[:12])}"

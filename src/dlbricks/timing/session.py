@@ -20,7 +20,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -210,17 +210,27 @@ def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
     if cores is None:
         yield
         return
-    if not hasattr(os, "sched_setaffinity"):
-        raise DlbricksError("pinning cores needs os.sched_setaffinity (Linux)")
-    old = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, cores)
-    except OSError as exc:
-        raise DlbricksError(f"cannot pin to cores {list(cores)} (allowed: {sorted(old)}): {exc}") from exc
+    old = _set_affinity(cores)
     try:
         yield
     finally:
         os.sched_setaffinity(0, old)
+
+
+def _set_affinity(cores: Iterable[int]) -> set[int]:
+    """Pin this thread to ``cores``; returns where it was allowed before.
+
+    Raises:
+        DlbricksError: the platform cannot pin, or the cores are not allowed.
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        raise DlbricksError("pinning cores needs os.sched_setaffinity (Linux)")
+    old = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, set(cores))
+    except OSError as exc:
+        raise DlbricksError(f"cannot pin to cores {sorted(cores)} (allowed: {sorted(old)}): {exc}") from exc
+    return old
 
 
 def pin_process(config: RunnerConfig) -> None:
@@ -231,15 +241,8 @@ def pin_process(config: RunnerConfig) -> None:
     Raises:
         DlbricksError: the platform cannot pin, or the cores are not allowed.
     """
-    if config.cores is None:
-        return
-    if not hasattr(os, "sched_setaffinity"):
-        raise DlbricksError("pinning cores needs os.sched_setaffinity (Linux)")
-    cores = {config.cores[0]} if config.intra_op_threads > 1 else set(config.cores)
-    try:
-        os.sched_setaffinity(0, cores)
-    except OSError as exc:
-        raise DlbricksError(f"cannot pin to cores {sorted(cores)}: {exc}") from exc
+    if config.cores is not None:
+        _set_affinity(config.cores[:1] if config.intra_op_threads > 1 else config.cores)
 
 
 @dataclass(frozen=True)

@@ -564,12 +564,17 @@ def model_digest(model: ModelLike) -> str:
     return h.hexdigest()
 
 
+def whole_model_window(model: Model) -> tuple[list[int], str, int]:
+    """The whole model as a brick's window: (members, digest, G), for
+    :func:`generate_brick` or :func:`write_brick` (the digest seeds its weights)."""
+    return list(range(model.n_layers)), model_digest(model), model.n_layers
+
+
 def whole_model(model: Model, *, weights: WeightsMode = "synthetic", seed: int = 0) -> tuple[onnx.ModelProto, BrickInfo]:
     """The whole model as one brick, with weights synthesised exactly as bricks get them.
 
     End-to-end runs use this, so end-to-end and brick timings see the same kind of
     weights (the light models' own weights are all zeros).
     """
-    return generate_brick(
-        model, list(range(model.n_layers)), weights=weights, seed=seed, digest=model_digest(model), G=model.n_layers
-    )
+    members, digest, G = whole_model_window(model)
+    return generate_brick(model, members, weights=weights, seed=seed, digest=digest, G=G)

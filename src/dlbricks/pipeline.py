@@ -324,19 +324,20 @@ def _weight_bytes(model: Model, members: Sequence[int] | np.ndarray) -> int:
 def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed: int) -> EngineItem:
     """A work item as the engine's item: generated when its session is opened, and
     handed over as bytes (no file written and read back) unless its weights are large."""
-    from dlbricks.bricks import generate_brick, model_digest, whole_model, write_brick
+    from dlbricks.bricks import generate_brick, whole_model, whole_model_window, write_brick
 
     model = cast(Model, w.model)  # bench plans loaded Models; only Ray's driver plans sketches
 
     def source() -> tuple[bytes | str, dict[str, int] | None]:
+        members: Sequence[int] | np.ndarray
         if w.kind == "brick":
             for b in brick_dirs:
                 if (Path(b) / f"{w.digest}.onnx").exists():
                     return str(Path(b) / f"{w.digest}.onnx"), None
             assert w.members is not None
             members, digest, G = w.members, w.digest, w.G
-        else:  # the whole model, as dlbricks.bricks.whole_model builds it
-            members, digest, G = np.arange(model.n_layers), model_digest(model), model.n_layers
+        else:
+            members, digest, G = whole_model_window(model)
         if _weight_bytes(model, members) >= _FILE_WEIGHT_BYTES:
             path = out / w.kind / f"{w.digest}.onnx"
             _, info = write_brick(model, members, path, seed=seed, digest=digest, G=G, check=False)

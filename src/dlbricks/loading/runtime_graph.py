@@ -53,6 +53,7 @@ def optimized_model(
     level: str | None = None,
     workdir: str | os.PathLike[str] | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
+    label: str | None = None,
 ) -> onnx.ModelProto:
     """The model as onnxruntime executes it on the CPU, with every value's type recorded.
 
@@ -68,6 +69,7 @@ def optimized_model(
             default, i.e. all), "disable", "basic", "extended", "all".
         workdir: where to write the optimised model (default: a temporary folder).
         input_shapes: concrete shapes for symbolic graph inputs.
+        label: how messages name the model (default: the file, or the graph's name).
 
     Returns:
         the optimised ModelProto, weights loaded, value_info filled in.
@@ -75,7 +77,8 @@ def optimized_model(
         ModelError: onnxruntime cannot load or run the model (names the file), or
             ``level`` is unknown.
     """
-    label = str(source) if not isinstance(source, onnx.ModelProto) else (source.graph.name or "<model>")
+    if label is None:
+        label = str(source) if not isinstance(source, onnx.ModelProto) else (source.graph.name or "<model>")
     cfg = _config(config, level, label)
     own_tmp = None
     if workdir is None:
@@ -219,7 +222,7 @@ def _runtime_model(
     level: str | None,
     input_shapes: Mapping[str, Sequence[int]] | None,
 ) -> Model:
-    from dlbricks.bricks import model_digest, write_brick
+    from dlbricks.bricks import whole_model_window, write_brick
     from dlbricks.loading import load
     from dlbricks.timing.engine_process import spool_dir
 
@@ -233,15 +236,13 @@ def _runtime_model(
         # the model that runs has 96. Written as a file with its weights raw beside it,
         # which onnxruntime maps, rather than copied through protobuf.
         source = Path(tmp) / "model.onnx"
+        members, digest, G = whole_model_window(model)
         try:
-            write_brick(model, list(range(model.n_layers)), source, seed=0, digest=model_digest(model),
-                        G=model.n_layers, check=False)
+            write_brick(model, members, source, seed=0, digest=digest, G=G, check=False)
         except (DlbricksError, KeyError, ValueError) as exc:
             raise ModelError(f"{model.name}: cannot rebuild its graph to optimise: {first_line(exc)}") from None
-        try:
-            proto = optimized_model(source, config=config, level=level, input_shapes=shapes, workdir=tmp)
-        except ModelError as exc:  # named by the model, not by the temporary file
-            raise ModelError(str(exc).replace(str(source), model.name)) from exc.__cause__
+        proto = optimized_model(source, config=config, level=level, input_shapes=shapes, workdir=tmp,
+                                label=model.name)
     return load(proto, shapes, name=model.name)
 
 

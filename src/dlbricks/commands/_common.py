@@ -334,7 +334,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
             memory_budget_mb=args.memory_budget,
             call_overhead=not args.no_call_overhead,
             clock=args.clock,
-            huge_pages=not getattr(args, "no_huge_pages", False),
+            huge_pages=not args.no_huge_pages,
         )
     except DlbricksError as exc:
         # RunnerConfig rejects impossible settings with a DlbricksError: the user's to

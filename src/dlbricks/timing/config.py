@@ -27,6 +27,10 @@ _IDENTITY_FIELDS = (
 )
 #: What a timed run finds in the caches (see RunnerConfig.cache_state).
 CACHE_STATES = ("warm", "cold", "auto")
+#: How a cold run is made cold (:class:`dlbricks.timing.engine_worker._Evictor`): part of
+#: the key of every configuration that times cold runs, so that results taken another
+#: way are not reused. 2: a fixed amount of data read between two runs of a session.
+COLD_METHOD = 2
 #: What a timed run's duration is read from (see RunnerConfig.clock).
 CLOCKS = ("auto", "wall", "thread")
 
@@ -66,8 +70,10 @@ class RunnerConfig:
         max_rounds: stop after this many rounds even if a model's interval is wider.
         cache_state: what a timed run finds in the caches. ``"warm"``: each burst
             starts with one discarded run, so the timed runs find the brick's weights
-            and inputs cached (a brick looped alone). ``"cold"``: every run is
-            separated by runs of other sessions, which evict its weights, and its
+            and inputs cached (a brick looped alone). ``"cold"``: between two runs of a
+            session, twice the largest cache's size of other data is read (the other
+            cold sessions' runs, topped up from an eviction buffer when they fall
+            short), so its weights come from DRAM whatever else is being measured; its
             inputs are read just before the run (as a layer finds the output its
             predecessor just wrote). ``"auto"``: cold for a session whose weights
             outgrow the core's L2 cache, warm for the others: a big layer streams its
@@ -218,6 +224,8 @@ class RunnerConfig:
         ident = {k: d[k] for k in _IDENTITY_FIELDS}
         ident["cores"] = None if self.cores is None else len(self.cores)
         ident["clock"] = self.measure_clock()
+        if self.cache_state != "warm":
+            ident["cold_method"] = COLD_METHOD
         return ident
 
     def key(self) -> str:

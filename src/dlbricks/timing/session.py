@@ -245,6 +245,23 @@ def pin_process(config: RunnerConfig) -> None:
         _set_affinity(config.cores[:1] if config.intra_op_threads > 1 else config.cores)
 
 
+def source_nbytes(source: Any) -> int:
+    """The size of a serialized model or model file, with the raw weights file that
+    :func:`dlbricks.bricks.write_brick` puts beside it (``path + '.data'``): its
+    weights, to within the few kilobytes of its graph. 0 for anything else."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return len(source)
+    try:
+        path = os.fspath(source)
+    except TypeError:
+        return 0
+    total = 0
+    for p in (path, f"{path}.data"):
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(p)
+    return total
+
+
 @dataclass(frozen=True)
 class PreparedSession:
     """A session ready to be timed (see :func:`prepare_session`).

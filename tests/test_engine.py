@@ -140,6 +140,25 @@ def test_model_intervals_meet_the_requested_precision_and_cover_the_truth():
     assert covered / total >= 0.9
 
 
+def test_bricks_that_slow_down_together_widen_their_models_interval():
+    # Every round's speed is drawn afresh and shared by every session of the round (a
+    # shared host's phases), on top of each brick's own small noise. Summed as
+    # independent, the bricks' errors would give an interval far narrower than the
+    # spread of the reconstruction; the common movement has to be in it.
+    specs = {f"b{i}": {"ns": 1e5 * (1 + i % 5), "cv": 0.01} for i in range(20)}
+    terms = {i: 1.0 for i in specs}
+    covered = total = 0
+    for seed in range(12):
+        speeds = np.exp(np.random.default_rng(100 + seed).normal(0.0, 0.08, size=200))
+        results, _, _ = run_synthetic(specs, {"m": terms}, seed=seed, precision=0.02,
+                                      speed=lambda r, s=speeds: float(s[r]))
+        point, se = group_estimate(results, terms)
+        truth = sum(specs[i]["ns"] for i in terms)  # the speeds' median is 1
+        covered += abs(point - truth) <= 1.96 * se
+        total += 1
+    assert covered / total >= 0.75
+
+
 def test_a_speed_change_mid_run_leaves_normalized_latency_unchanged():
     specs = {"b1": {"ns": 2e5, "cv": 0.03}, "b2": {"ns": 5e5, "cv": 0.03}, "model": {"ns": 7e5, "cv": 0.03}}
     groups = {"recon": {"b1": 1.0, "b2": 1.0}, "e2e": {"model": 1.0}}

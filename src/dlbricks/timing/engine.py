@@ -6,7 +6,10 @@ brick, and each whole model, in its own contiguous slot puts every result at the
 of its slot; a round gives every live session a short burst, so a change of speed hits
 bricks and models alike and their ratios hold. The spread of a session's per-round
 medians is then an honest measure of its uncertainty, drift included, and it is what
-the intervals are built from.
+the intervals are built from. The bricks of one round also move *together* (a slow
+phase slows them all), which a model's interval, summing its bricks' errors as
+independent, would miss: what the per-round sums of a model's bricks vary by beyond
+that widens their intervals (:func:`_common_round_var`).
 
 Why allocation. Users read the precision of a *model's* latency, and a model's
 reconstructed latency is a weighted sum ``sum_b c_b * t_b`` over its bricks (``c_b``
@@ -141,6 +144,9 @@ class _Track:
     info: dict[str, Any] = field(default_factory=dict)
     times: list[int] = field(default_factory=list)
     round_medians: list[float] = field(default_factory=list)
+    #: The engine's number of each of this run's rounds (the last ``len(round_nos)``
+    #: of ``round_medians``; rounds resumed from a checkpoint have none).
+    round_nos: list[int] = field(default_factory=list)
     sampling_s: float = 0.0
     setup_s: float = 0.0
     open: bool = False
@@ -175,11 +181,7 @@ class _Track:
         if r < 3:
             se = _PRIOR_CV * m / math.sqrt(max(1, len(self.times)))
         else:
-            # A robust spread (MAD, scaled to a normal sd) so that one round hit by an
-            # interrupt does not widen the interval; 1.2533 is the median's efficiency
-            # factor (its standard error over the mean's for normal data).
-            sd = 1.4826 * statistics.median(abs(x - m) for x in self.round_medians)
-            se = max(1.2533 * sd * _persistence(self.round_medians) / math.sqrt(r), 1e-4 * m)
+            se = _median_se(self.round_medians, m)
         self._cache = (key, (float(m), float(se)))
         return self._cache[1]
 
@@ -203,6 +205,16 @@ class _Track:
         needed = state.get("needed_s")
         self.needed_s = None if needed is None else float(needed)
         self.item.prep_s += float(state.get("prep_s", 0.0))
+
+
+def _median_se(values: Sequence[float], m: float) -> float:
+    """Standard error of ``m``, the median of ``values`` (one per round, in time order).
+
+    A robust spread (MAD, scaled to a normal sd) so that one round hit by an interrupt
+    does not widen the interval; 1.2533 is the median's efficiency factor (its standard
+    error over the mean's for normal data); :func:`_persistence` for slow phases."""
+    sd = 1.4826 * statistics.median(abs(x - m) for x in values)
+    return max(1.2533 * sd * _persistence(values) / math.sqrt(len(values)), 1e-4 * abs(m))
 
 
 #: Rounds needed before their lag-1 correlation is estimated (fewer: taken as 0).
@@ -237,8 +249,15 @@ def _persistence(values: Sequence[float]) -> float:
 
 def _group_state(
     g: Group, tracks: Mapping[str, _Track], precision: float
-) -> tuple[bool, float, float]:
-    """(converged, relative half-width of the 95% interval, the group's latency in ns)."""
+) -> tuple[bool, float, float, float]:
+    """(converged, relative half-width of the 95% interval, the group's latency in ns,
+    how much its items' common movement widens its standard error: >= 1).
+
+    Convergence is judged on the items' separate variances: the common movement is
+    the machine's, and more rounds of every brick would buy little against it (a
+    shared host's phases last minutes), so it widens the intervals handed out instead
+    (:func:`_measurement`), and the precision check reports a model that misses the
+    requested precision because of it."""
     mu = 0.0
     var = 0.0
     welch = 0.0
@@ -251,10 +270,67 @@ def _group_state(
         var += v
         welch += v * v / t.df()
     if mu <= 0:
-        return True, 0.0, 0.0
+        return True, 0.0, 0.0, 1.0
     df = var * var / welch if welch > 0 else math.inf
     half = t_quantile(df) * math.sqrt(var) / mu
-    return half <= precision, half, mu
+    common = _common_round_var(g, tracks, mu)
+    widen = math.sqrt(1.0 + common / var) if common is not None and var > 0 else 1.0
+    return half <= precision, half, mu, widen
+
+
+#: Rounds the items of a group must share before their common movement is estimated.
+_MIN_COMMON_ROUNDS = 5
+#: A round's relative deviation is clipped to this (a round more than 1.5x off is an
+#: interrupt storm, not a state of the machine a model would meet).
+_MAX_DEVIATION = 0.5
+
+
+def _common_round_var(g: Group, tracks: Mapping[str, _Track], mu: float) -> float | None:
+    """The variance (ns^2) that the items of a group add to its latency by moving
+    together from round to round; None with fewer than
+    ``_MIN_COMMON_ROUNDS`` rounds of this run in which every item was measured.
+
+    The bricks of a round are measured in the same state of the machine, so a slow
+    phase moves them together: the short bricks of one round are often 20% slower, all
+    of them, than those of the next. Errors that move together do not average out over
+    a model's bricks, as the sum of their separate variances assumes. With ``d`` each
+    item's relative deviation from its estimate in a round and ``w`` its share of the
+    group, the weighted sum ``D = sum w d`` varies by ``sum w^2 Var(d)`` (what the
+    separate variances hold) plus the covariances; the latter, over the rounds, is what
+    is added here (never less than nothing), grown for slow phases as an item's spread
+    is (:func:`_persistence`).
+    """
+    series: list[tuple[float, dict[int, float]]] = []
+    common: set[int] | None = None
+    for i, c in g.terms.items():
+        t = tracks.get(i)
+        if t is None or (not t.open and not t.final):
+            continue
+        if not t.round_nos:
+            return None
+        m = t.median
+        values = t.round_medians[len(t.round_medians) - len(t.round_nos):]
+        dev = {r: min(max(v / m - 1.0, -_MAX_DEVIATION), _MAX_DEVIATION) for r, v in zip(t.round_nos, values)}
+        series.append((c * m / mu, dev))
+        common = set(dev) if common is None else common & dev.keys()
+        if len(common) < _MIN_COMMON_ROUNDS:
+            return None
+    if common is None or len(series) < 2:
+        return None  # one item: its own spread already is the group's
+    rounds = sorted(common)
+    n = len(rounds)
+    d = np.array([[dev[r] for r in rounds] for _, dev in series])
+    w = np.array([wt for wt, _ in series])
+    total = w @ d
+    separate = float(np.sum(w * w * np.var(d, axis=1, ddof=1)))
+    together = float(np.var(total, ddof=1))
+    # Counted only when the sums vary more than independent errors plausibly make them
+    # (a sample variance's relative spread is sqrt(2 / (n - 1)); three of those): errors
+    # that do not move together must not widen an interval by chance.
+    if together <= separate * (1.0 + 3.0 * math.sqrt(2.0 / (n - 1))):
+        return 0.0
+    covariance = together - separate
+    return covariance * _persistence(list(total)) ** 2 * mu * mu / n
 
 
 def _allocation(
@@ -284,11 +360,14 @@ def _allocation(
     return need
 
 
-def _measurement(track: _Track, config: RunnerConfig, stop_reason: str) -> Measurement:
+def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_factor: float = 1.0) -> Measurement:
+    """The item's result; its standard error (and interval) grown by ``se_factor``, so
+    that a reconstruction summing its bricks' errors as independent still carries what
+    moved them together (see :func:`_common_round_var`)."""
     times = np.asarray(track.times, dtype=np.int64)
     stats = summarize(times)
     meds = np.asarray(track.round_medians, dtype=np.float64)
-    se = track.se()
+    se = track.se() * se_factor
     r = len(meds)
     t = t_quantile(max(1, r - 1))
     median = track.median
@@ -424,6 +503,8 @@ class _Engine:
         self.l2_bytes = _l2_bytes() if config.cache_state == "auto" else 0
         self.eviction_s = 0.0 if config.cache_state == "warm" else eviction_bytes() / _EVICTION_READ_BPS
         self.done = 0
+        #: Rounds run so far, over all batches: numbers each track's rounds.
+        self.rounds_run = 0
 
     # ------------------------------------------------------------------ workers
 
@@ -544,6 +625,7 @@ class _Engine:
         return plans
 
     def run_round(self, round_no: int) -> None:
+        self.rounds_run += 1
         plans = self.plan(round_no)
         expected: dict[int, float] = {}
         for w, plan in plans.items():
@@ -570,20 +652,21 @@ class _Engine:
                     continue
                 t.times.extend(ts)
                 t.round_medians.append(float(np.median(ts)))
+                t.round_nos.append(self.rounds_run)
                 # The round's real wall time, shared in proportion to timed work, so
                 # the cost includes warm-up runs, input reads and the loop itself.
                 t.sampling_s += wall_s * sum(ts) / total
 
     def finalize(self, round_no: int, force: str | None = None) -> None:
         cfg = self.config
-        state = {id(g): _group_state(g, self.tracks, cfg.precision)[0] for g in self.groups}
+        state = {id(g): _group_state(g, self.tracks, cfg.precision) for g in self.groups}
         closing: dict[int, list[str]] = {}
         others_open = any(t.open and not t.item.reference for t in self.tracks.values())
         for t in self.tracks.values():
             if not t.open:
                 continue
             enough = len(t.round_medians) >= cfg.min_rounds
-            converged = enough and all(state[id(g)] for g in self.groups_of[t.item.id])
+            converged = enough and all(state[id(g)][0] for g in self.groups_of[t.item.id])
             if t.item.reference and others_open and not force:
                 if converged and t.needed_s is None:
                     t.needed_s = t.sampling_s
@@ -593,7 +676,9 @@ class _Engine:
                 t.final = True
                 self.summary.measured += 1
                 self.done += 1
-                self.on_result(t.item, _measurement(t, cfg, "converged" if converged else (force or "max_rounds")))
+                widen = max((state[id(g)][3] for g in self.groups_of[t.item.id]), default=1.0)
+                self.on_result(t.item, _measurement(t, cfg, "converged" if converged else (force or "max_rounds"),
+                                                    widen))
                 closing.setdefault(t.worker, []).append(t.item.id)
         for w, ids in closing.items():
             wk = self.workers[w]

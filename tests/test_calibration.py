@@ -100,3 +100,34 @@ def test_evaluate_leaves_out_a_model_whose_end_to_end_run_fails_and_says_why(tmp
         result = evaluate([good, bad], [1], store=st, config=CFG, n_boot=20)
     assert [m["name"] for m in result["models"]] == ["good"]
     assert result["excluded"][0]["name"] == "bad" and "test" in result["excluded"][0]["error"]
+
+
+def test_evaluate_leaves_out_a_model_one_of_whose_bricks_fails_and_says_why(tmp_path, monkeypatch):
+    from onnx import TensorProto, helper
+
+    import dlbricks.bricks as bricks
+    from dlbricks.errors import DlbricksError
+    from dlbricks.loading import load
+    from dlbricks.pipeline import evaluate
+
+    def tiny(name, ops):
+        nodes = [helper.make_node(op, [f"t{i}"], [f"t{i + 1}"]) for i, op in enumerate(ops)]
+        g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info(f"t{len(ops)}", TensorProto.FLOAT, [1, 32])])
+        return load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), name=name)
+
+    good, bad = tiny("good", ["Relu", "Tanh"]), tiny("bad", ["Sigmoid", "Abs"])
+    real = bricks.generate_brick
+
+    def generate_brick(model, members, **kw):
+        # Only bricks: the whole model is built through here too, and runs.
+        if len(members) < model.n_layers and any(model.layers[int(i)].op_type == "Abs" for i in members):
+            raise DlbricksError("Abs brick: cannot be built (test)")
+        return real(model, members, **kw)
+
+    monkeypatch.setattr(bricks, "generate_brick", generate_brick)
+    with Store(tmp_path / "s.sqlite") as st:
+        result = evaluate([good, bad], [1, 2], store=st, config=CFG, n_boot=20)
+    assert [m["name"] for m in result["models"]] == ["good"]
+    (left_out,) = result["excluded"]
+    assert left_out["name"] == "bad" and "failed" in left_out["error"] and "test" in left_out["error"]

@@ -320,6 +320,21 @@ def evaluate(
             f"no end-to-end result for {len(missing_models)} model(s) ({', '.join(missing_models[:5])}); "
             "run `dlbricks bench --e2e` first or drop --no-measure"
         )
+    # A brick that failed (its session crashed, hung, or could not be built; the
+    # failure is stored with its reason) leaves its models without a reconstruction:
+    # they are left out and listed, and the others are still evaluated.
+    failed = _models_with_failed_bricks(corpus, Gs, store, bver, system_id, config_key)
+    if failed:
+        keep = [i for i in range(len(models)) if i not in failed]
+        excluded += [{"name": names[i], "path": paths[i], "error": failed[i]} for i in sorted(failed)]
+        if not keep:
+            raise DlbricksError(f"no model could be reconstructed ({names[0]}: {failed[0]})")
+        models = [models[i] for i in keep]
+        sources = [sources[i] for i in keep]
+        names = [names[i] for i in keep]
+        paths = [paths[i] for i in keep]
+        e2e = [e2e[i] for i in keep]
+        corpus = Corpus(models)
     e2e_s = [_median_ns(rec) * 1e-9 for rec in e2e]
 
     rows: list[dict[str, Any]] = [
@@ -562,6 +577,26 @@ def accuracy_metrics(normalized: Sequence[float], measured: Sequence[float] | No
 
         rho = spearmanr(np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64))[0]
         out["spearman"] = float(rho)
+    return out
+
+
+def _models_with_failed_bricks(
+    corpus: Corpus, Gs: Sequence[int], store: Store, bver: int, system_id: str, config_key: str
+) -> dict[int, str]:
+    """Model index -> why it cannot be reconstructed: the first of its bricks, at any
+    G, whose stored result is a failure."""
+    out: dict[int, str] = {}
+    for G in Gs:
+        sp = corpus.split(G)
+        digests = [bytes(d).hex() for d in sp.unique_digests]
+        found = store.get_results("brick", digests, bver, system_id, config_key)
+        bad = [u for u, d in enumerate(digests) if d in found and not found[d].ok]
+        if not bad:
+            continue
+        occ = sp.occurrences()
+        for u in bad:
+            for i in np.nonzero(occ[:, u])[0]:
+                out.setdefault(int(i), f"brick {digests[u][:12]} (G={G}) failed: {found[digests[u]].error or 'failed'}")
     return out
 
 

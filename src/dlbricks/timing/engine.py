@@ -249,15 +249,34 @@ def _persistence(values: Sequence[float]) -> float:
 
 def _group_state(
     g: Group, tracks: Mapping[str, _Track], precision: float
-) -> tuple[bool, float, float, float]:
-    """(converged, relative half-width of the 95% interval, the group's latency in ns,
-    how much its items' common movement widens its standard error: >= 1).
+) -> tuple[bool, float, float]:
+    """(converged, relative half-width of the 95% interval, the group's latency in ns).
 
-    Convergence is judged on the items' separate variances: the common movement is
+    Convergence is judged on the items' separate variances: their common movement is
     the machine's, and more rounds of every brick would buy little against it (a
     shared host's phases last minutes), so it widens the intervals handed out instead
-    (:func:`_measurement`), and the precision check reports a model that misses the
+    (:func:`_widening`), and the precision check reports a model that misses the
     requested precision because of it."""
+    mu, var, welch = _group_sums(g, tracks)
+    if mu <= 0:
+        return True, 0.0, 0.0
+    df = var * var / welch if welch > 0 else math.inf
+    half = t_quantile(df) * math.sqrt(var) / mu
+    return half <= precision, half, mu
+
+
+def _widening(g: Group, tracks: Mapping[str, _Track]) -> float:
+    """How much the common movement of a group's items widens its standard error (>= 1)."""
+    mu, var, _ = _group_sums(g, tracks)
+    if mu <= 0 or var <= 0:
+        return 1.0
+    common = _common_round_var(g, tracks, mu)
+    return math.sqrt(1.0 + common / var) if common is not None else 1.0
+
+
+def _group_sums(g: Group, tracks: Mapping[str, _Track]) -> tuple[float, float, float]:
+    """The group's latency (ns), the sum of its items' separate variances, and the
+    Welch-Satterthwaite denominator of that sum."""
     mu = 0.0
     var = 0.0
     welch = 0.0
@@ -269,13 +288,7 @@ def _group_state(
         v = (c * t.se()) ** 2
         var += v
         welch += v * v / t.df()
-    if mu <= 0:
-        return True, 0.0, 0.0, 1.0
-    df = var * var / welch if welch > 0 else math.inf
-    half = t_quantile(df) * math.sqrt(var) / mu
-    common = _common_round_var(g, tracks, mu)
-    widen = math.sqrt(1.0 + common / var) if common is not None and var > 0 else 1.0
-    return half <= precision, half, mu, widen
+    return mu, var, welch
 
 
 #: Rounds the items of a group must share before their common movement is estimated.
@@ -659,14 +672,15 @@ class _Engine:
 
     def finalize(self, round_no: int, force: str | None = None) -> None:
         cfg = self.config
-        state = {id(g): _group_state(g, self.tracks, cfg.precision) for g in self.groups}
+        state = {id(g): _group_state(g, self.tracks, cfg.precision)[0] for g in self.groups}
+        widening: dict[int, float] = {}  # computed for the groups of what closes only
         closing: dict[int, list[str]] = {}
         others_open = any(t.open and not t.item.reference for t in self.tracks.values())
         for t in self.tracks.values():
             if not t.open:
                 continue
             enough = len(t.round_medians) >= cfg.min_rounds
-            converged = enough and all(state[id(g)][0] for g in self.groups_of[t.item.id])
+            converged = enough and all(state[id(g)] for g in self.groups_of[t.item.id])
             if t.item.reference and others_open and not force:
                 if converged and t.needed_s is None:
                     t.needed_s = t.sampling_s
@@ -676,7 +690,10 @@ class _Engine:
                 t.final = True
                 self.summary.measured += 1
                 self.done += 1
-                widen = max((state[id(g)][3] for g in self.groups_of[t.item.id]), default=1.0)
+                for g in self.groups_of[t.item.id]:
+                    if id(g) not in widening:
+                        widening[id(g)] = _widening(g, self.tracks)
+                widen = max((widening[id(g)] for g in self.groups_of[t.item.id]), default=1.0)
                 self.on_result(t.item, _measurement(t, cfg, "converged" if converged else (force or "max_rounds"),
                                                     widen))
                 closing.setdefault(t.worker, []).append(t.item.id)

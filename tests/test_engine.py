@@ -319,6 +319,22 @@ def test_a_cold_session_alone_in_its_rounds_reads_its_weights_from_memory():
     assert medians["cold"] > 1.5 * medians["warm"], medians
 
 
+def test_a_warm_session_longer_than_a_burst_is_warm_if_its_weights_fit_the_last_level_cache():
+    # A whole model is a warm loop, as a user times it. Its runs come after the previous
+    # round's cold passes, which evict everything; a session whose weights fit the
+    # last-level cache must get its discarded run back even when one run outlasts a
+    # burst (here every run does: burst_s is tiny), or it is timed cold.
+    from dlbricks.roofline.peaks import cache_levels
+
+    if max((c.size_bytes for c in cache_levels()), default=0) < 8 << 20:
+        pytest.skip("needs a last-level cache that holds 4 MiB of weights twice over")
+    out = {}
+    items = [EngineItem("model", _matmul_model(1024, "model"), warm=True),
+             EngineItem("brick", _matmul_model(1024, "brick"))]
+    measure(items, [], RunnerConfig(cache_state="cold", burst_s=1e-6, min_rounds=8, max_rounds=8),
+            on_result=lambda it, r: out.__setitem__(it.id, r))
+    assert out["model"].stats.median < 0.75 * out["brick"].stats.median, (out["model"].stats, out["brick"].stats)
+
 @pytest.mark.parametrize("cache_state", ["warm", "cold", "auto"])
 def test_real_workers_measure_sessions_from_bytes(cache_state):
     # 512x512 floats (1 MiB) go to the worker through a spool file, the others through the pipe.

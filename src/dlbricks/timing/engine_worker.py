@@ -254,10 +254,12 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 s = sessions[item_id]
                 if warm or config.cache_state == "warm":
                     beacon.set(s.slot)
-                    if s.run_s < config.burst_s:
-                        # Restores the session's own working set in the caches. A longer
-                        # run's working set outgrows them anyway (its own first layers are
-                        # evicted by its last ones), so a discarded run would only cost.
+                    if s.run_s < config.burst_s or s.nbytes <= evictor.nbytes // _EVICTION_CACHE_MULTIPLE:
+                        # Restores the session's own working set in the caches, as a warm
+                        # loop has it: a short run's, and a long one's whose weights fit the
+                        # last-level cache (the previous round's cold passes evicted it).
+                        # A long run that outgrows the caches evicts its own first layers
+                        # with its last ones anyway, so a discarded run would only cost.
                         s.bound.run()
                     timed_runs(s.bound, k, out=out[item_id], clock=clock)
                 else:

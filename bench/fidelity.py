@@ -9,8 +9,9 @@ so that variants that share a runner configuration share their end-to-end runs:
 - ``source+call``: the same results, with the calibrated call overhead counted once per
   model instead of once per brick (a reconstruction switch: no new measurement);
 - ``runtime+call``: the graph onnxruntime executes (its fusions inside bricks);
-- ``runtime+call+cold``: the same, bricks timed with cold caches (weights evicted by
-  other sessions' runs between any two runs, inputs read just before the run);
+- ``runtime+call+cold``: the same, bricks timed with cold caches (twice the largest
+  cache's size of other data read between any two runs, so the weights come from
+  memory; inputs read just before the run);
 - ``runtime+call+auto``: cold only for bricks whose weights outgrow the L2 cache: the
   default settings. Each variant adds one correction to the one before, so the table
   shows per model how much of the gap each explains.

@@ -255,8 +255,9 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="stop after N rounds even if not precise enough (default 60)")
     e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="auto",
                    help="warm: a burst starts with a discarded run, so the timed runs find the brick cached; "
-                        "cold: every run has other sessions' runs before it, which evict its weights, and its "
-                        "inputs are read just before it; auto (default): cold for bricks whose weights outgrow "
+                        "cold: between two runs twice the largest cache's size of other data is read (other "
+                        "sessions' runs, topped up from an eviction buffer), so its weights come from memory, and "
+                        "its inputs are read just before it; auto (default): cold for bricks whose weights outgrow "
                         "the L2 cache, warm for the others")
     e.add_argument("--clock", choices=["auto", "wall", "thread"], default="auto",
                    help="what a run's duration is read from: thread = the calling thread's CPU time, which "

@@ -303,9 +303,9 @@ def test_the_evictor_reads_only_what_the_other_sessions_fall_short_of():
 
 
 def test_a_cold_session_alone_in_its_rounds_reads_its_weights_from_memory():
-    # Cold used to mean "the other sessions of the round ran in between": alone, a brick
-    # then found its weights cached and measured as warm. 1024x1024 floats (4 MiB) fit
-    # the last-level cache, so warm reads them from it and cold from DRAM.
+    # Alone in its rounds, a cold brick has no other sessions to evict its weights
+    # between two of its runs: the eviction must not depend on them. 1024x1024 floats
+    # (4 MiB) fit the last-level cache, so warm reads them from it and cold from DRAM.
     from dlbricks.roofline.peaks import cache_levels
 
     if max((c.size_bytes for c in cache_levels()), default=0) < 8 << 20:

@@ -73,21 +73,24 @@ def test_evaluate_counts_the_calibrated_cost_once_per_model(tmp_path):
         assert corrected == pytest.approx((sum(max(m - c, 0) for m in medians) + c) * 1e-9)
 
 
-def test_evaluate_leaves_out_a_model_whose_end_to_end_run_fails_and_says_why(tmp_path, monkeypatch):
+def _chain(name, ops):
+    """A loaded model: a chain of the one-input ``ops`` on a [1, 32] float tensor."""
     from onnx import TensorProto, helper
 
+    from dlbricks.loading import load
+
+    nodes = [helper.make_node(op, [f"t{i}"], [f"t{i + 1}"]) for i, op in enumerate(ops)]
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 32])],
+                          [helper.make_tensor_value_info(f"t{len(ops)}", TensorProto.FLOAT, [1, 32])])
+    return load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), name=name)
+
+
+def test_evaluate_leaves_out_a_model_whose_end_to_end_run_fails_and_says_why(tmp_path, monkeypatch):
     import dlbricks.bricks as bricks
     from dlbricks.errors import DlbricksError
-    from dlbricks.loading import load
     from dlbricks.pipeline import evaluate
 
-    def tiny(name, ops):
-        nodes = [helper.make_node(op, [f"t{i}"], [f"t{i + 1}"]) for i, op in enumerate(ops)]
-        g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 32])],
-                              [helper.make_tensor_value_info(f"t{len(ops)}", TensorProto.FLOAT, [1, 32])])
-        return load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), name=name)
-
-    good, bad = tiny("good", ["Relu", "Tanh"]), tiny("bad", ["Sigmoid", "Abs"])
+    good, bad = _chain("good", ["Relu", "Tanh"]), _chain("bad", ["Sigmoid", "Abs"])
     real = bricks.whole_model
 
     def whole_model(model, **kw):
@@ -103,20 +106,11 @@ def test_evaluate_leaves_out_a_model_whose_end_to_end_run_fails_and_says_why(tmp
 
 
 def test_evaluate_leaves_out_a_model_one_of_whose_bricks_fails_and_says_why(tmp_path, monkeypatch):
-    from onnx import TensorProto, helper
-
     import dlbricks.bricks as bricks
     from dlbricks.errors import DlbricksError
-    from dlbricks.loading import load
     from dlbricks.pipeline import evaluate
 
-    def tiny(name, ops):
-        nodes = [helper.make_node(op, [f"t{i}"], [f"t{i + 1}"]) for i, op in enumerate(ops)]
-        g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 32])],
-                              [helper.make_tensor_value_info(f"t{len(ops)}", TensorProto.FLOAT, [1, 32])])
-        return load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), name=name)
-
-    good, bad = tiny("good", ["Relu", "Tanh"]), tiny("bad", ["Sigmoid", "Abs"])
+    good, bad = _chain("good", ["Relu", "Tanh"]), _chain("bad", ["Sigmoid", "Abs"])
     real = bricks.generate_brick
 
     def generate_brick(model, members, **kw):

@@ -298,37 +298,31 @@ def evaluate(
         if rec is None or not rec.ok:
             missing_models.append(name)
         e2e.append(rec)  # type: ignore[arg-type]  # None only when reported just below
-    excluded: list[dict[str, Any]] = []
-    if missing_models and measure_missing:
-        # Measured just now and failed (its failure is stored, with the reason): the
-        # other models are still evaluated, and this one is reported as left out.
-        keep = [i for i, rec in enumerate(e2e) if rec is not None and rec.ok]
-        for i, rec in enumerate(e2e):
-            if rec is None or not rec.ok:
-                excluded.append({"name": names[i], "path": paths[i],
-                                 "error": (rec.error if rec is not None else None) or "no end-to-end result"})
-        if not keep:
-            raise DlbricksError(f"no model could be measured end to end ({excluded[0]['name']}: {excluded[0]['error']})")
-        models = [models[i] for i in keep]
-        sources = [sources[i] for i in keep]
-        names = [names[i] for i in keep]
-        paths = [paths[i] for i in keep]
-        e2e = [e2e[i] for i in keep]
-        corpus = Corpus(models)
-    elif missing_models:
+    if missing_models and not measure_missing:
         raise DlbricksError(
             f"no end-to-end result for {len(missing_models)} model(s) ({', '.join(missing_models[:5])}); "
             "run `dlbricks bench --e2e` first or drop --no-measure"
         )
-    # A brick that failed (its session crashed, hung, or could not be built; the
-    # failure is stored with its reason) leaves its models without a reconstruction:
-    # they are left out and listed, and the others are still evaluated.
-    failed = _models_with_failed_bricks(corpus, Gs, store, bver, system_id, config_key)
-    if failed:
-        keep = [i for i in range(len(models)) if i not in failed]
-        excluded += [{"name": names[i], "path": paths[i], "error": failed[i]} for i in sorted(failed)]
+    # Left out, and listed with the reason, while the others are still evaluated: a
+    # model whose end-to-end run was measured just now and failed, and one a brick of
+    # which failed (its session crashed, hung, or could not be built). Both failures
+    # are stored with their reasons.
+    e2e_failed = [i for i, rec in enumerate(e2e) if rec is None or not rec.ok]
+    excluded: list[dict[str, Any]] = [
+        {"name": names[i], "path": paths[i],
+         "error": (e2e[i].error if e2e[i] is not None else None) or "no end-to-end result"}
+        for i in e2e_failed
+    ]
+    if e2e_failed and len(e2e_failed) == len(models):
+        raise DlbricksError(f"no model could be measured end to end ({excluded[0]['name']}: {excluded[0]['error']})")
+    bricks_failed = {i: why for i, why in _models_with_failed_bricks(corpus, Gs, store, bver, system_id,
+                                                                      config_key).items() if i not in e2e_failed}
+    excluded += [{"name": names[i], "path": paths[i], "error": bricks_failed[i]} for i in sorted(bricks_failed)]
+    if excluded:
+        keep = [i for i in range(len(models)) if i not in bricks_failed and i not in e2e_failed]
         if not keep:
-            raise DlbricksError(f"no model could be reconstructed ({names[0]}: {failed[0]})")
+            first = min(bricks_failed)
+            raise DlbricksError(f"no model could be reconstructed ({names[first]}: {bricks_failed[first]})")
         models = [models[i] for i in keep]
         sources = [sources[i] for i in keep]
         names = [names[i] for i in keep]

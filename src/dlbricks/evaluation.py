@@ -32,11 +32,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import ResultRecord, Store
     from dlbricks.timing.config import RunnerConfig
 
-__all__ = ["ATTRIBUTION_STEPS", "AttributionUnavailable", "Evaluation", "GAccuracy", "ModelEvaluation", "evaluate"]
+__all__ = ["ATTRIBUTION_HEADS", "ATTRIBUTION_STEPS", "AttributionUnavailable", "Evaluation", "GAccuracy", "ModelEvaluation", "evaluate"]
 
 #: The chain of variants ``evaluate(..., attribution=True)`` reconstructs, each adding
 #: one correction to the one before; the last is the evaluation itself.
 ATTRIBUTION_STEPS = ("baseline", "call_overhead", "runtime_graph", "cache_state")
+#: How tables and figures head each step.
+ATTRIBUTION_HEADS = {"baseline": "baseline", "call_overhead": "+ call overhead", "runtime_graph": "+ runtime graph",
+                     "cache_state": "+ cache state"}
 
 
 class AttributionUnavailable(DlbricksError):

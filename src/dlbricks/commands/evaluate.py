@@ -138,17 +138,19 @@ def render_evaluation(result: Mapping[str, Any]) -> str:
 def render_attribution(att: Mapping[str, Any]) -> list[str]:
     """The attribution table: per model, the normalized latency after each step (each
     adds one correction to the one before; the last is the evaluation itself)."""
+    from dlbricks.evaluation import ATTRIBUTION_HEADS
+
     steps = list(att["steps"])
     labels = att.get("labels") or {}
-    heads = {"baseline": "baseline", "call_overhead": "+call ovh", "runtime_graph": "+runtime",
-             "cache_state": "+cache"}
+    heads = [ATTRIBUTION_HEADS.get(s, s) for s in steps]
     width = max([5, *(len(m["name"]) for m in att["models"])])
+    col = max([10, *(len(h) for h in heads)])
     lines = [f"where each model's error comes from at G={att['G']} (normalized latency after each step; "
              "one end-to-end latency per model)"]
-    lines += [f"  {heads.get(s, s)}: {labels.get(s, s)}" for s in steps]
-    lines.append(f"  {'model':<{width}}" + "".join(f" {heads.get(s, s)[:10]:>10}" for s in steps))
+    lines += [f"  {h}: {labels.get(s, s)}" for s, h in zip(steps, heads)]
+    lines.append(f"  {'model':<{width}}" + "".join(f" {h:>{col}}" for h in heads))
     for m in att["models"]:
-        lines.append(f"  {m['name']:<{width}}" + "".join(f" {v:>10.3f}" for v in m["normalized"]))
+        lines.append(f"  {m['name']:<{width}}" + "".join(f" {v:>{col}.3f}" for v in m["normalized"]))
     reuse = att.get("reuse") or {}
     if reuse.get("bricks_total"):
         lines.append(f"  warm-cache variants: {reuse.get('bricks_reused')} of {reuse.get('bricks_total')} unique "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from dlbricks.evaluation import ATTRIBUTION_HEADS
 from dlbricks.report.markup import esc, finite, number_cell, seconds_cell, table
 from dlbricks.report.plots import bar_height, figure, label, new_figure, rows_axis
 
@@ -20,8 +21,6 @@ def has_attribution(evaluation: Mapping[str, Any] | None) -> bool:
     return bool(evaluation and (evaluation.get("attribution") or {}).get("models"))
 
 
-_STEP_HEADS = {"baseline": "baseline", "call_overhead": "+ call overhead", "runtime_graph": "+ runtime graph",
-               "cache_state": "+ cache state"}
 _STEP_STYLE = (("#9aa4af", "o"), ("#f58518", "s"), ("#54a24b", "^"), ("#4c78a8", "D"))
 
 
@@ -30,7 +29,7 @@ def attribution_section(ctx: Context, section: Callable[..., str]) -> str:
     att = (ctx.evaluation or {})["attribution"]
     steps = [str(s) for s in att.get("steps", [])]
     labels = att.get("labels") or {}
-    heads = [_STEP_HEADS.get(s, s) for s in steps]
+    heads = [ATTRIBUTION_HEADS.get(s, s) for s in steps]
 
     def final_error(m: Mapping[str, Any]) -> float:
         v = (m.get("normalized") or [float("nan")])[-1]

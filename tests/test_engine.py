@@ -306,9 +306,9 @@ def test_a_cold_session_alone_in_its_rounds_reads_its_weights_from_memory():
     # Alone in its rounds, a cold brick has no other sessions to evict its weights
     # between two of its runs: the eviction must not depend on them. 1024x1024 floats
     # (4 MiB) fit the last-level cache, so warm reads them from it and cold from DRAM.
-    from dlbricks.roofline.peaks import cache_levels
+    from dlbricks.roofline.peaks import data_cache_bytes
 
-    if max((c.size_bytes for c in cache_levels()), default=0) < 8 << 20:
+    if (data_cache_bytes() or 0) < 8 << 20:
         pytest.skip("needs a last-level cache that holds 4 MiB of weights twice over")
     medians = {}
     for state in ("warm", "cold"):
@@ -324,9 +324,9 @@ def test_a_warm_session_longer_than_a_burst_is_warm_if_its_weights_fit_the_last_
     # round's cold passes, which evict everything; a session whose weights fit the
     # last-level cache must get its discarded run back even when one run outlasts a
     # burst (here every run does: burst_s is tiny), or it is timed cold.
-    from dlbricks.roofline.peaks import cache_levels
+    from dlbricks.roofline.peaks import data_cache_bytes
 
-    if max((c.size_bytes for c in cache_levels()), default=0) < 8 << 20:
+    if (data_cache_bytes() or 0) < 8 << 20:
         pytest.skip("needs a last-level cache that holds 4 MiB of weights twice over")
     out = {}
     items = [EngineItem("model", _matmul_model(1024, "model"), warm=True),

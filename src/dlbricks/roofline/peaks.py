@@ -57,6 +57,7 @@ __all__ = [
     "Peaks",
     "PEAKS_SCHEMA_VERSION",
     "cache_levels",
+    "data_cache_bytes",
     "load_or_measure_peaks",
     "measure_peaks",
 ]
@@ -222,6 +223,13 @@ def cache_levels(sys_root: str | os.PathLike[str] | None = None) -> list[CacheLe
     if not caches:
         caches = _caches_from_lscpu()
     return sorted(caches, key=lambda c: (c.level, c.type))
+
+
+def data_cache_bytes(level: int | None = None) -> int | None:
+    """The largest data (or unified) cache of CPU 0 at ``level``, or at any level when
+    ``level`` is None, in bytes; None when the machine does not say."""
+    sizes = [c.size_bytes for c in cache_levels() if c.type != "Instruction" and level in (None, c.level)]
+    return max(sizes) if sizes else None
 
 
 # ---------------------------------------------------------------------------

@@ -441,10 +441,9 @@ _DEFAULT_L2_BYTES = 1 << 20
 
 def _l2_bytes() -> int:
     """The data or unified L2 cache of CPU 0, in bytes."""
-    from dlbricks.roofline.peaks import cache_levels
+    from dlbricks.roofline.peaks import data_cache_bytes
 
-    sizes = [c.size_bytes for c in cache_levels() if c.level == 2 and c.type != "Instruction"]
-    return max(sizes) if sizes else _DEFAULT_L2_BYTES
+    return data_cache_bytes(2) or _DEFAULT_L2_BYTES
 
 
 def _memory_budget(config: RunnerConfig) -> int:

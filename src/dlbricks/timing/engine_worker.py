@@ -54,10 +54,9 @@ _DEFAULT_LLC_BYTES = 32 << 20
 
 def eviction_bytes() -> int:
     """The data read between two runs of a cold session (see :class:`_Evictor`)."""
-    from dlbricks.roofline.peaks import cache_levels
+    from dlbricks.roofline.peaks import data_cache_bytes
 
-    sizes = [c.size_bytes for c in cache_levels() if c.type != "Instruction"]
-    return _EVICTION_CACHE_MULTIPLE * (max(sizes) if sizes else _DEFAULT_LLC_BYTES)
+    return _EVICTION_CACHE_MULTIPLE * (data_cache_bytes() or _DEFAULT_LLC_BYTES)
 
 
 class _Evictor:

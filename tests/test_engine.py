@@ -498,3 +498,51 @@ def test_a_worker_with_huge_pages_holds_its_sessions_in_them(huge_pages):
             on_result=lambda it, r: None, on_round=on_round)
     assert seen
     assert (max(seen) >= 4096) == huge_pages
+
+
+def _record(m: Measurement):
+    from dlbricks.store import ResultRecord
+
+    d = m.to_dict()
+    meta = {k: v for k, v in d.items() if k not in ("times_ns", "stats")}
+    return ResultRecord("brick", "x", 1, "sys", "cfg", "ok", d["stats"], m.times_ns, meta, None, "")
+
+
+def test_bricks_closed_early_are_compared_with_the_model_in_their_own_rounds():
+    # The bricks reach their precision in a few rounds; the noisy model needs many more,
+    # and the machine slows by 1.5x after round 6. Against the model's estimate over all
+    # its rounds the bricks would carry the fast rounds' speed into the ratio; against
+    # the model in the rounds both were measured, the ratio holds.
+    from dlbricks.evaluation import same_rounds_latency
+
+    specs = {"b1": {"ns": 2e5, "cv": 0.01}, "b2": {"ns": 5e5, "cv": 0.01}, "model": {"ns": 7e5, "cv": 0.15}}
+    groups = {"recon": {"b1": 1.0, "b2": 1.0}, "e2e": {"model": 1.0}}
+    results, _, _ = run_synthetic(specs, groups, speed=lambda r: 1.5 if r >= 6 else 1.0, seed=7, precision=0.02)
+    b1, b2, model = results["b1"], results["b2"], results["model"]
+    assert max(b1.rounds, b2.rounds) <= 6 < model.rounds  # the premise
+    assert b1.engine_run and b1.engine_run == model.engine_run
+    assert model.round_nos == list(range(1, model.rounds + 1))
+    recon = b1.stats.median + b2.stats.median
+    assert recon / model.stats.median < 0.85  # what comparing the whole estimates gives
+    ref, rounds = same_rounds_latency(_record(model), [_record(b1), _record(b2)], [b1.stats.median, b2.stats.median])
+    assert recon / ref == pytest.approx(1.0, abs=0.06)
+    assert rounds == pytest.approx(max(b1.rounds, b2.rounds), abs=1)
+
+
+def test_the_same_rounds_reference_falls_back_to_the_whole_estimate():
+    from dlbricks.evaluation import same_rounds_latency
+
+    specs = {"b": {"ns": 2e5, "cv": 0.01}, "model": {"ns": 2e5, "cv": 0.01}}
+    results, _, _ = run_synthetic(specs, {"recon": {"b": 1.0}, "e2e": {"model": 1.0}}, seed=1, min_rounds=6)
+    b, model = _record(results["b"]), _record(results["model"])
+    whole = results["model"].stats.median
+    # Measured in every round of the model: the model's own estimate.
+    assert same_rounds_latency(model, [b], [1.0])[0] == pytest.approx(whole)
+    # A brick from another run of the engine (reused from the store), or one without
+    # round numbers (an older store): nothing to pair it with.
+    other = _record(results["b"])
+    other.meta["engine_run"] = "another"
+    assert same_rounds_latency(model, [other], [1.0]) == (whole, results["model"].rounds)
+    old = _record(results["b"])
+    del old.meta["round_nos"]
+    assert same_rounds_latency(model, [old], [1.0])[0] == whole

@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import ResultRecord, Store
     from dlbricks.timing.config import RunnerConfig
 
-__all__ = ["ATTRIBUTION_HEADS", "ATTRIBUTION_STEPS", "AttributionUnavailable", "Evaluation", "GAccuracy", "ModelEvaluation", "evaluate"]
+__all__ = ["ATTRIBUTION_HEADS", "ATTRIBUTION_STEPS", "AttributionUnavailable", "Evaluation", "GAccuracy", "ModelEvaluation",
+           "evaluate", "same_rounds_latency"]
 
 #: The chain of variants ``evaluate(..., attribution=True)`` reconstructs, each adding
 #: one correction to the one before; the last is the evaluation itself.
@@ -221,7 +222,8 @@ def evaluate(
 
     Measures what is missing first (bricks and whole models), then reports per model
     and G the end-to-end latency, the sequential and parallel constructed latencies,
-    normalized latency (constructed / end-to-end) with its interval; per G the
+    normalized latency (constructed / end-to-end, the latter in the rounds the bricks
+    were measured in: :func:`same_rounds_latency`) with its interval; per G the
     geometric mean of normalized latency, the paper's speedup (sum of end-to-end
     latencies / sum of unique brick latencies) and the wall-clock speedup (time to
     benchmark every model end to end / time to benchmark the unique bricks, same
@@ -347,13 +349,23 @@ def evaluate(
     for G in Gs:
         per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key,
                             n_boot=n_boot, seed=seed, corpus=corpus, names=names, call_overhead_ns=overhead)
+        sp = corpus.split(G)
+        unique = [bytes(d).hex() for d in sp.unique_digests]
+        found = store.get_results("brick", unique, bver, system_id, config_key)
+        recs = [found.get(d) for d in unique]
+        occurrences = sp.occurrences()
         norm_seq: list[float] = []
         norm_par: list[float] = []
         pred_seq: list[float] = []
         for i, preds in enumerate(per_model):
-            e = e2e_s[i]
-            e_rel = _relative_halfwidth(e2e[i])
-            entry = rows[i]["per_g"].setdefault(str(G), {"e2e_s": e})
+            used = np.flatnonzero(occurrences[i])
+            e, e_rounds = same_rounds_latency(
+                e2e[i], [recs[u] for u in used], occurrences[i, used] * np.array([_median_ns(recs[u]) for u in used]))
+            e *= 1e-9
+            # The reference's interval: the model's over the rounds the comparison uses.
+            e_rel = _relative_halfwidth(e2e[i]) * math.sqrt(max(1.0, len(_round_medians(e2e[i])) / max(e_rounds, 1.0)))
+            entry = rows[i]["per_g"].setdefault(str(G), {"e2e_s": e2e_s[i]})
+            entry["e2e_same_rounds_s"] = e
             for p in preds:
                 n = p.latency_s / e
                 # The ratio's interval carries both uncertainties (independent errors
@@ -372,11 +384,7 @@ def evaluate(
                 (norm_seq if p.mode == "sequential" else norm_par).append(p.latency_s / e)
                 if p.mode == "sequential":
                     pred_seq.append(p.latency_s)
-        sp = corpus.split(G)
-        unique = [bytes(d).hex() for d in sp.unique_digests]
-        found = store.get_results("brick", unique, bver, system_id, config_key)
-        recs = [found.get(d) for d in unique]
-        occurrences = sp.occurrences().sum(axis=0)
+        occurrences = occurrences.sum(axis=0)
         for u, (d, rec) in enumerate(zip(unique, recs)):
             m, members = sp.first_occurrence(u)
             median_s = _median_ns(rec) * 1e-9  # predict checked every brick
@@ -473,7 +481,7 @@ def _attribution(
     (the graphs this evaluation decomposed), still warm; ``cache_state``, this
     evaluation (``config.cache_state``). Warm bricks, and the warm configuration's
     calibration probes, are measured where the store lacks them; whole models never:
-    every step is normalized by the evaluation's own end-to-end latency (whole models
+    every step is normalized by the evaluation's own end-to-end reference (whole models
     are timed as warm loops of the source model whatever the bricks' cache state).
 
     Returns:
@@ -526,7 +534,8 @@ def _attribution(
     runtime = with_call if not cut else sums(models, overhead)
     out_models = []
     for i, r in enumerate(rows):
-        e = float(r["e2e_s"])
+        # The evaluation's own reference, so that the last step is the evaluation.
+        e = float(r["per_g"][str(G)]["e2e_same_rounds_s"])
         latency = [base[i], with_call[i], runtime[i], float(r["per_g"][str(G)]["sequential"]["latency_s"])]
         norm = [x / e for x in latency]
         out_models.append({
@@ -595,6 +604,70 @@ def _models_with_failed_bricks(
             for i in np.nonzero(occ[:, u])[0]:
                 out.setdefault(int(i), f"brick {digests[u][:12]} (G={G}) failed: {found[digests[u]].error or 'failed'}")
     return out
+
+
+#: Rounds a brick must share with its model before the model's latency in those rounds
+#: stands for it (fewer: the model's whole estimate does).
+MIN_SHARED_ROUNDS = 3
+
+
+def _round_medians(rec: ResultRecord) -> list[float]:
+    return [float(x) for x in (rec.meta or {}).get("round_medians_ns") or ()]
+
+
+def _numbered_rounds(rec: ResultRecord) -> tuple[str, dict[int, float]]:
+    """(engine run id, {round number: that round's median}) of a result of the
+    measurement engine; ("", {}) for results without round numbers."""
+    meta = rec.meta or {}
+    nos = [int(r) for r in meta.get("round_nos") or ()]
+    meds = _round_medians(rec)
+    if not nos or len(nos) > len(meds):
+        return "", {}
+    return str(meta.get("engine_run") or ""), dict(zip(nos, meds[len(meds) - len(nos):]))
+
+
+def same_rounds_latency(
+    model: ResultRecord, bricks: Sequence[ResultRecord | None], weights: Sequence[float]
+) -> tuple[float, float]:
+    """A model's end-to-end latency (ns) as measured in the rounds its bricks were, and
+    the number of its rounds that estimate rests on.
+
+    The engine measures bricks and whole models in the same rounds so that a change of
+    the machine's speed moves both; but a brick closes as soon as its models' precision
+    allows (often after a few rounds) while a whole model may need many more, and the
+    host's speed drifts over minutes. Compared with the model's latency over all its
+    rounds, the bricks would carry the speed of their own rounds into the ratio. So each
+    brick is compared with the model's median over the rounds of this engine run in
+    which both were measured (at least :data:`MIN_SHARED_ROUNDS`; otherwise, or for a
+    brick from another run of the engine, with the model's whole estimate), weighted by
+    its share ``weights`` of the reconstruction. With every brick measured in every one
+    of the model's rounds this is the model's own estimate.
+    """
+    est = float(model.median_ns or 0.0)
+    run, by_round = _numbered_rounds(model)
+    all_meds = _round_medians(model)
+    n_all = float(len(all_meds))
+    w = np.asarray(weights, dtype=np.float64)
+    if not run or len(by_round) < MIN_SHARED_ROUNDS or not all_meds or w.sum() <= 0:
+        return est, n_all
+    whole = float(np.median(all_meds))
+    ratio = np.ones(len(bricks))
+    shared = np.full(len(bricks), n_all)
+    cache: dict[tuple[int, ...], tuple[float, float]] = {}
+    for k, rec in enumerate(bricks):
+        if rec is None:
+            continue
+        brun, brounds = _numbered_rounds(rec)
+        if brun != run:
+            continue
+        key = tuple(r for r in brounds if r in by_round)
+        if len(key) < MIN_SHARED_ROUNDS:
+            continue
+        if key not in cache:
+            cache[key] = (float(np.median([by_round[r] for r in key])) / whole, float(len(key)))
+        ratio[k], shared[k] = cache[key]
+    share = w / w.sum()
+    return est * float(share @ ratio), float(share @ shared)
 
 
 def _median_ns(rec: ResultRecord | None) -> float:

@@ -111,7 +111,8 @@ def render_evaluation(result: Mapping[str, Any]) -> str:
     head = f"  {'model':<{width}} {'e2e ' + unit:>9}" + "".join(f" {'G=' + str(G) + ' seq/par':>17}" for G in Gs)
     graph = {"runtime": "the graphs onnxruntime executes", "source": "the models' own graphs",
              "mixed": "runtime graphs; some models' source graphs"}.get(result.get("graph", ""), "")
-    lines.append("normalized latency per model (constructed / end-to-end)" + (f"; bricks cut from {graph}" if graph else ""))
+    lines.append("normalized latency per model (constructed / end-to-end, the model's latency in the rounds its "
+                 "bricks were measured in)" + (f"; bricks cut from {graph}" if graph else ""))
     lines.append(head)
     for m in result["models"]:
         cells = []

@@ -33,6 +33,7 @@ final (every group they feed has reached its precision, or the rounds ran out).
 from __future__ import annotations
 
 import math
+import secrets
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -373,7 +374,8 @@ def _allocation(
     return need
 
 
-def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_factor: float = 1.0) -> Measurement:
+def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_factor: float = 1.0,
+                 engine_run: str = "") -> Measurement:
     """The item's result; its standard error (and interval) grown by ``se_factor``, so
     that a reconstruction summing its bricks' errors as independent still carries what
     moved them together (see :func:`_common_round_var`)."""
@@ -426,6 +428,8 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_facto
         rounds=r,
         round_medians_ns=[float(x) for x in meds],
         median_se_ns=se,
+        round_nos=list(track.round_nos),
+        engine_run=engine_run,
     )
 
 
@@ -517,6 +521,8 @@ class _Engine:
         self.done = 0
         #: Rounds run so far, over all batches: numbers each track's rounds.
         self.rounds_run = 0
+        #: Tells this run's round numbers from another run's in the results.
+        self.run_id = secrets.token_hex(8)
 
     # ------------------------------------------------------------------ workers
 
@@ -694,7 +700,7 @@ class _Engine:
                         widening[id(g)] = _widening(g, self.tracks)
                 widen = max((widening[id(g)] for g in self.groups_of[t.item.id]), default=1.0)
                 self.on_result(t.item, _measurement(t, cfg, "converged" if converged else (force or "max_rounds"),
-                                                    widen))
+                                                    widen, self.run_id))
                 closing.setdefault(t.worker, []).append(t.item.id)
         for w, ids in closing.items():
             wk = self.workers[w]

@@ -69,6 +69,12 @@ class Measurement:
             is the uncertainty of the result, drift between rounds included.
         median_se_ns: the standard error of the median estimate from that spread;
             ``stats.ci_low``/``ci_high`` are the matching t-interval.
+        round_nos: the engine's number of each round of this engine run that the
+            result was measured in, for the last ``len(round_nos)`` of
+            ``round_medians_ns`` (rounds resumed from a checkpoint of an earlier run
+            have none): results of one run measured in the same round met the same
+            state of the machine.
+        engine_run: an id of the engine run (rounds of two runs are not comparable).
     """
 
     times_ns: np.ndarray
@@ -91,6 +97,8 @@ class Measurement:
     rounds: int = 0
     round_medians_ns: list[float] = field(default_factory=list)
     median_se_ns: float = 0.0
+    round_nos: list[int] = field(default_factory=list)
+    engine_run: str = ""
     timer_resolution_ns: float = field(default_factory=lambda: time.get_clock_info("perf_counter").resolution * 1e9)
 
     @property
@@ -144,6 +152,8 @@ class Measurement:
             "rounds": self.rounds,
             "round_medians_ns": list(self.round_medians_ns),
             "median_se_ns": self.median_se_ns,
+            "round_nos": list(self.round_nos),
+            "engine_run": self.engine_run,
             "warnings": self.warnings,
         }
 
@@ -182,6 +192,8 @@ class Measurement:
             rounds=int(d.get("rounds", 0)),
             round_medians_ns=[float(x) for x in d.get("round_medians_ns", ())],
             median_se_ns=float(d.get("median_se_ns", 0.0)),
+            round_nos=[int(x) for x in d.get("round_nos", ())],
+            engine_run=str(d.get("engine_run", "")),
         )
 
 

@@ -353,14 +353,14 @@ def evaluate(
         unique = [bytes(d).hex() for d in sp.unique_digests]
         found = store.get_results("brick", unique, bver, system_id, config_key)
         recs = [found.get(d) for d in unique]
+        brick_ns = np.array([_median_ns(r) for r in recs])  # predict checked every brick
         occurrences = sp.occurrences()
         norm_seq: list[float] = []
         norm_par: list[float] = []
         pred_seq: list[float] = []
         for i, preds in enumerate(per_model):
             used = np.flatnonzero(occurrences[i])
-            e, e_rounds = same_rounds_latency(
-                e2e[i], [recs[u] for u in used], occurrences[i, used] * np.array([_median_ns(recs[u]) for u in used]))
+            e, e_rounds = same_rounds_latency(e2e[i], [recs[u] for u in used], occurrences[i, used] * brick_ns[used])
             e *= 1e-9
             # The reference's interval: the model's over the rounds the comparison uses.
             e_rel = _relative_halfwidth(e2e[i]) * math.sqrt(max(1.0, len(_round_medians(e2e[i])) / max(e_rounds, 1.0)))
@@ -387,7 +387,7 @@ def evaluate(
         occurrences = occurrences.sum(axis=0)
         for u, (d, rec) in enumerate(zip(unique, recs)):
             m, members = sp.first_occurrence(u)
-            median_s = _median_ns(rec) * 1e-9  # predict checked every brick
+            median_s = float(brick_ns[u]) * 1e-9
             bricks_out.append({
                 "G": G,
                 "digest": d,
@@ -400,7 +400,7 @@ def evaluate(
                 "stop_reason": (rec.meta or {}).get("stop_reason"),  # type: ignore[union-attr]
                 "rounds": (rec.meta or {}).get("rounds", 0),  # type: ignore[union-attr]
             })
-        brick_total = sum(_median_ns(r) for r in recs) * 1e-9
+        brick_total = float(brick_ns.sum()) * 1e-9
         brick_wall = sum(_wall_s(r) for r in recs)
         per_g.append(
             {

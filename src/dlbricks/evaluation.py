@@ -486,7 +486,8 @@ def _attribution(
 
     Returns:
         ``{"G", "steps", "labels", "config_key", "call_overhead_ns", "models": [{"name",
-        "path", "e2e_s", "latency_s": [per step], "normalized": [per step], "explained":
+        "path", "e2e_s", "e2e_same_rounds_s" (what every step divides by, as the
+        evaluation does), "latency_s": [per step], "normalized": [per step], "explained":
         {step: change in normalized latency}}], "reuse"}`` (``reuse``: the warm
         variants' unique bricks, ``bricks_total``, ``bricks_reused``, ``bricks_measured``,
         ``bricks_failed``, and the seconds spent, ``wall_s``).
@@ -541,7 +542,8 @@ def _attribution(
         out_models.append({
             "name": r["name"],
             "path": r["path"],
-            "e2e_s": e,
+            "e2e_s": float(r["e2e_s"]),
+            "e2e_same_rounds_s": e,
             "latency_s": latency,
             "normalized": norm,
             "explained": {step: norm[k] - norm[k - 1] for k, step in enumerate(ATTRIBUTION_STEPS) if k},

@@ -491,20 +491,24 @@ def test_write_brick_leaves_the_brick_file_and_no_temporaries(tmp_path):
 
 def test_bricks_of_onnxruntimes_own_onnx_domain_ops_pass_the_checker_and_run(tmp_path):
     # onnxruntime writes T5's RMSNorm into its runtime graphs as SimplifiedLayerNormalization,
-    # an op of the ONNX domain that onnx does not define: the checker must not reject it.
+    # an op of the ONNX domain that onnx does not define: the checker must not reject it,
+    # with its weight inline or (>= 1 KiB) in the brick's external data file.
     vi = h.make_tensor_value_info
-    g = nh.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "g")
+    width = 512
+    g = nh.from_array(np.linspace(0.5, 1.5, width, dtype=np.float32), "g")
     nodes = [
         h.make_node("SimplifiedLayerNormalization", ["x", "g"], ["s"], name="rms", axis=-1, epsilon=1e-6),
         h.make_node("Relu", ["s"], ["y"], name="relu"),
     ]
-    graph = h.make_graph(nodes, "rms", [vi("x", T.FLOAT, [2, 8])], [vi("y", T.FLOAT, [2, 8])], [g],
-                         value_info=[vi("s", T.FLOAT, [2, 8])])
+    graph = h.make_graph(nodes, "rms", [vi("x", T.FLOAT, [2, width])], [vi("y", T.FLOAT, [2, width])], [g],
+                         value_info=[vi("s", T.FLOAT, [2, width])])
     model = load(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
     assert [layer.kind for layer in model.layers] == ["SimplifiedLayerNormalization", "Relu"]
     for members in ([0], [0, 1]):
         path = tmp_path / f"rms{len(members)}.onnx"
         proto, info = write_brick(model, members, path, check=True)
         assert onnx.load(str(path)).graph.node[0].domain == ""  # checked as written, saved as generated
-        (out,) = _ort_session(str(path)).run(None, {"x": np.ones((2, 8), np.float32)})
-        assert out.shape == (2, 8) and info.op_types[0] == "SimplifiedLayerNormalization"
+        (out,) = _ort_session(str(path)).run(None, {"x": np.ones((2, width), np.float32)})
+        assert out.shape == (2, width) and info.op_types[0] == "SimplifiedLayerNormalization"
+        assert (tmp_path / f"rms{len(members)}.onnx.data").exists()
+    assert not [p.name for p in tmp_path.iterdir() if "check" in p.name or p.suffix == ".tmp"]

@@ -10,8 +10,10 @@ produces and no member consumes becomes a graph output.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Literal, Sequence
@@ -426,13 +428,25 @@ def check_brick(proto: onnx.ModelProto | str, *, label: str | None = None) -> No
     except Exception:  # noqa: BLE001 - an unreadable file: the checker says why
         parsed = None
     relabelled = None if parsed is None else _onnxruntime_ops_out_of_onnx_domain(parsed)
-    if relabelled is not None:
+    copy_path = None
+    if relabelled is not None and isinstance(proto, str):
+        # The checker finds external weights relative to the file it checks, and an
+        # in-memory model has none: the copy is checked as a file beside the original.
+        fd, copy_path = tempfile.mkstemp(suffix=".check.onnx", dir=os.path.dirname(os.path.abspath(proto)))
+        os.close(fd)
+        onnx.save_model(relabelled, copy_path)
+        proto = copy_path
+    elif relabelled is not None:
         proto = relabelled
     try:
         onnx.checker.check_model(proto, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DlbricksError(f"{label}: generated brick fails the ONNX checker: {first}") from None
+    finally:
+        if copy_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(copy_path)
 
 
 def write_brick(

@@ -157,6 +157,24 @@ def test_copies_with_different_weights_share_every_layer(capsys, tmp_path):
     assert model_digest(load(tmp_path / "a.onnx")) != model_digest(load(tmp_path / "small.onnx"))
 
 
+def test_a_corpus_too_large_for_the_matrix_lists_each_models_closest_others(capsys, tmp_path):
+    # 14 models, in 7 pairs of equal layer sets (same shapes, other weights): a 14-column
+    # matrix would not fit a terminal, so each model names its closest others instead.
+    for k in range(7):
+        for copy in range(2):
+            onnx.save(_conv_net(10 * k + copy, in_shape=(1, 3, 8 + 2 * k, 8)), tmp_path / f"net{k:02d}{'ab'[copy]}.onnx")
+    code, out, err = analyze(capsys, tmp_path, "-G", "1")
+    assert code == 0, err
+    assert "Most similar models" in out and "…" not in out
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines()
+            if line.startswith("│ net") and len(line.split("│")) == 4}
+    assert sorted(rows) == sorted(f"net{k:02d}{c}" for k in range(7) for c in "ab")
+    for k in range(7):
+        assert rows[f"net{k:02d}a"].startswith(f"net{k:02d}b 1.00")  # its twin first
+    result, _ = analyze_json(capsys, tmp_path, "-G", "1")
+    assert len(result["corpus"]["jaccard"]["matrix"]) == 14  # the whole matrix stays in the JSON
+
+
 def test_input_shape_resolves_symbolic_dims(capsys, tmp_path):
     path = tmp_path / "sym.onnx"
     onnx.save(_conv_net(0, in_shape=("N", 3, "H", "W")), path)

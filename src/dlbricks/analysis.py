@@ -7,7 +7,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -174,6 +174,28 @@ def analyze(models: Sequence[Model], Gs: Sequence[int] = (1, 2, 3)) -> dict:
     }
 
 
+#: The most models whose Jaccard matrix the text output prints whole: beyond that its
+#: columns no longer fit a terminal, and each model's closest others are shown instead
+#: (the whole matrix stays in ``--json``).
+MAX_MATRIX_MODELS = 12
+#: How many of its closest other models each row of that table names.
+_NEAREST = 3
+
+
+def _nearest_models_table(names: Sequence[str], matrix: Sequence[Sequence[float]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"Most similar models (Jaccard similarity of layer sets; all {len(names)} x {len(names)} "
+                    "in --json)", title_justify="left")
+    t.add_column("model")
+    t.add_column("closest models", overflow="fold")
+    jac = np.asarray(matrix, dtype=np.float64)
+    for i, name in enumerate(names):
+        others = [j for j in np.argsort(-jac[i], kind="stable") if j != i and jac[i, j] > 0][:_NEAREST]
+        t.add_row(name, ", ".join(f"{names[j]} {jac[i, j]:.2f}" for j in others) or "(no layer in common with any)")
+    return t
+
+
 def render_analysis(result: dict, errors: Sequence[dict[str, str]] = ()) -> str:
     """Readable tables for ``dlbricks analyze``."""
     import io
@@ -211,7 +233,9 @@ def render_analysis(result: dict, errors: Sequence[dict[str, str]] = ()) -> str:
     )
     console.print(ct)
     names = c["jaccard"]["names"]
-    if len(names) > 1:
+    if len(names) > MAX_MATRIX_MODELS:
+        console.print(_nearest_models_table(names, c["jaccard"]["matrix"]))
+    elif len(names) > 1:
         jt = Table(title="Jaccard similarity of layer sets", title_justify="left")
         # Columns are numbered, rows carry the whole name: names of a model zoo differ in
         # their ends (a/model, b/model), which a cut would lose.

@@ -4,6 +4,7 @@ benchmarks under bench/, and return its JSON and the command's wall-clock time."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,8 @@ def light_models(names: Sequence[str] | None = None) -> list[str]:
 
 
 def evaluate_cli(paths: Sequence[str], Gs: str, extra: Sequence[str] = (), store: str | None = None) -> tuple[dict[str, Any], float]:
-    """``python -m dlbricks evaluate PATHS -G Gs --json`` in a fresh store (unless one is given).
+    """``python -m dlbricks evaluate PATHS -G Gs --json`` in a fresh store (unless one is given)
+    and a fresh cache.
 
     Raises:
         RuntimeError: the command failed (its stderr's last lines are in the message).
@@ -31,8 +33,10 @@ def evaluate_cli(paths: Sequence[str], Gs: str, extra: Sequence[str] = (), store
     with tempfile.TemporaryDirectory(prefix="dlbricks-bench-") as tmp:
         store_path = store or str(Path(tmp) / "results.sqlite")
         cmd = [sys.executable, "-m", "dlbricks", "evaluate", *paths, "-G", Gs, "--store", store_path, "--json", *extra]
+        # A fresh cache too: the figures are a first run's, runtime graphs derived.
+        env = dict(os.environ, DLBRICKS_CACHE_DIR=str(Path(tmp) / "cache"))
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n" + "\n".join(proc.stderr.splitlines()[-15:]))

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import onnx
 import pytest
+
+# Runtime graphs are cached (dlbricks.files.cache_dir): in a folder of this run's own,
+# so that the tests neither read a cache an older dlbricks wrote nor leave one behind.
+_CACHE_DIR = tempfile.mkdtemp(prefix="dlbricks-test-cache-")
+os.environ["DLBRICKS_CACHE_DIR"] = _CACHE_DIR
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(LIGHT_DIR.glob("light_*.onnx"))
@@ -40,6 +47,7 @@ _EXIT_STATUS = {"status": 0}
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _EXIT_STATUS["status"] = int(exitstatus)
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)

@@ -86,6 +86,60 @@ def test_runtime_models_keep_names_but_not_the_source_file(conv_bn_relu):
     assert [layer.op_type for layer in m.layers] == ["Conv", "Relu"]  # basic folds the BatchNormalization
 
 
+def test_a_runtime_graph_is_derived_once_then_read_from_the_cache(conv_bn_relu, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLBRICKS_CACHE_DIR", str(tmp_path))
+    basic = RunnerConfig(graph_optimization="basic")
+    (first,) = rg.runtime_models([load(conv_bn_relu)], config=basic)
+    cached = sorted((tmp_path / "runtime-graphs").iterdir())
+    assert len(cached) == 1
+    real = rg.optimized_model
+
+    def derived_again(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("the runtime graph was derived again")
+
+    monkeypatch.setattr(rg, "optimized_model", derived_again)
+    (again,) = rg.runtime_models([load(conv_bn_relu)], config=basic)
+    assert [layer.op_type for layer in again.layers] == [layer.op_type for layer in first.layers] == ["Conv", "Relu"]
+    assert again.digests.tobytes() == first.digests.tobytes()
+    assert [layer.name for layer in again.layers] == [layer.name for layer in first.layers]
+    assert (again.name, again.path) == ("conv_bn_relu", None)
+    # Other session options optimise to another graph: derived, and cached, on its own.
+    monkeypatch.setattr(rg, "optimized_model", real)
+    (kept,) = rg.runtime_models([load(conv_bn_relu)], config=RunnerConfig(graph_optimization="disable"))
+    assert [layer.op_type for layer in kept.layers] == ["Conv", "BatchNormalization", "Relu"]
+    assert len(list((tmp_path / "runtime-graphs").iterdir())) == 2
+
+
+def test_the_same_computation_under_other_names_is_cached_under_its_own_names(conv_bn_relu, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLBRICKS_CACHE_DIR", str(tmp_path / "cache"))
+    renamed = onnx.load(conv_bn_relu)
+    for node in renamed.graph.node:
+        node.name = "other_" + node.name
+    onnx.save(renamed, str(tmp_path / "conv_bn_relu.onnx"))
+    # basic: the fused Conv and the Relu keep their source names (the layout pass renames)
+    a, b = rg.runtime_models([load(conv_bn_relu), load(str(tmp_path / "conv_bn_relu.onnx"))],
+                             config=RunnerConfig(graph_optimization="basic"))
+    assert a.digests.tobytes() == b.digests.tobytes()
+    assert [layer.name for layer in a.layers] == ["conv", "relu"]
+    assert [layer.name for layer in b.layers] == ["other_conv", "other_relu"]
+    assert len(list((tmp_path / "cache" / "runtime-graphs").iterdir())) == 2
+
+
+def test_a_damaged_or_unwritable_cache_only_costs_the_derivation(conv_bn_relu, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLBRICKS_CACHE_DIR", str(tmp_path / "cache"))
+    (first,) = rg.runtime_models([load(conv_bn_relu)])
+    (entry,) = (tmp_path / "cache" / "runtime-graphs").iterdir()
+    entry.write_bytes(entry.read_bytes()[:40])  # cut short, as by a full disk
+    (again,) = rg.runtime_models([load(conv_bn_relu)])
+    assert again.digests.tobytes() == first.digests.tobytes()
+    assert len(onnx.load(str(entry)).graph.node) == len(first.layers)  # written whole again
+    blocker = tmp_path / "a_file"
+    blocker.write_text("keep")
+    monkeypatch.setenv("DLBRICKS_CACHE_DIR", str(blocker))  # a file where the folder should be
+    (third,) = rg.runtime_models([load(conv_bn_relu)])
+    assert third.digests.tobytes() == first.digests.tobytes() and blocker.read_text() == "keep"
+
+
 # -- every op onnxruntime's optimiser writes is typed as onnxruntime runs it ------------------
 
 F, U8, I8, I32 = TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32

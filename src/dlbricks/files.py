@@ -1,12 +1,23 @@
-"""Writing output files whole or not at all."""
+"""Writing output files whole or not at all; the cache folder."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import IO, Iterator
 
 from dlbricks.errors import UsageError
+
+
+def cache_dir() -> Path:
+    """Where dlbricks keeps what it can derive again (runtime graphs):
+    ``$DLBRICKS_CACHE_DIR``, else ``$XDG_CACHE_HOME/dlbricks`` (``~/.cache`` when unset)."""
+    named = os.environ.get("DLBRICKS_CACHE_DIR")
+    if named:
+        return Path(named)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dlbricks"
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 

@@ -16,6 +16,7 @@ types: what onnxruntime produces, optional outputs included.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import warnings
@@ -227,6 +228,10 @@ def _runtime_model(
     from dlbricks.timing.engine_process import spool_dir
 
     shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
+    cached = _cache_path(model, _config(config, level, model.name), shapes)
+    proto = _read_cached(cached)
+    if proto is not None:
+        return load(proto, shapes, name=model.name)
     with tempfile.TemporaryDirectory(prefix="dlbricks-rt-", dir=spool_dir()) as tmp:
         # Optimised as it is timed end to end: with synthesised weights (those of
         # dlbricks.bricks.whole_model). onnxruntime's optimiser looks at weight values (it
@@ -243,7 +248,72 @@ def _runtime_model(
             raise ModelError(f"{model.name}: cannot rebuild its graph to optimise: {first_line(exc)}") from None
         proto = optimized_model(source, config=config, level=level, input_shapes=shapes, workdir=tmp,
                                 label=model.name)
-    return load(proto, shapes, name=model.name)
+    runtime = load(proto, shapes, name=model.name)
+    _write_cached(cached, proto)
+    return runtime
+
+
+#: Version of how a runtime graph is derived (:func:`_runtime_model`): part of its cache key.
+RUNTIME_GRAPH_FORM = 1
+
+
+def _cache_path(model: Model, cfg: RunnerConfig, shapes: Mapping[str, tuple[int, ...]] | None) -> Path:
+    """Where the runtime graph of ``model`` is cached: keyed by what it is derived from,
+    the model's computation (:func:`dlbricks.bricks.model_digest`) and names, the
+    synthesised weights' generator, the session options that shape the optimised graph,
+    and the machine and onnxruntime (:func:`dlbricks.timing.sysinfo.fingerprint_id`:
+    its CPU flags choose kernels and layouts). Deriving one runs onnxruntime's optimiser
+    and a whole model (~1 s for a BERT-base): every command on a corpus paid that again."""
+    import hashlib
+    import json
+
+    from dlbricks.bricks import model_digest
+    from dlbricks.files import cache_dir
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
+    from dlbricks.versions import brick_digest_version
+
+    names = hashlib.blake2b(digest_size=16)
+    for layer in model.layers:
+        names.update(layer.name.encode() + b"\0")
+    key = {
+        "form": RUNTIME_GRAPH_FORM,
+        "model": model_digest(model),
+        "names": names.hexdigest(),
+        "bricks": brick_digest_version(),
+        "system": _system_id(fingerprint_id, system_fingerprint),
+        "options": [cfg.graph_optimization, cfg.execution_mode, cfg.intra_op_threads, cfg.inter_op_threads,
+                    cfg.denormals_as_zero],
+        "shapes": sorted((k, list(v)) for k, v in (shapes or {}).items()),
+    }
+    digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=16).hexdigest()
+    return cache_dir() / "runtime-graphs" / f"{digest}.onnx"
+
+
+_SYSTEM_ID: list[str] = []
+
+
+def _system_id(fingerprint_id: Callable[..., str], system_fingerprint: Callable[[], dict]) -> str:
+    if not _SYSTEM_ID:  # one fingerprint per process: it reads /proc and /sys
+        _SYSTEM_ID.append(fingerprint_id(system_fingerprint()))
+    return _SYSTEM_ID[0]
+
+
+def _read_cached(path: Path) -> onnx.ModelProto | None:
+    """The cached runtime graph, or None when there is none or it cannot be read (it is
+    then derived and written again)."""
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - missing, truncated by a crash, or foreign: derive again
+        return None
+
+
+def _write_cached(path: Path, proto: onnx.ModelProto) -> None:
+    """Keep a derived runtime graph; a cache that cannot be written is no error."""
+    from dlbricks.errors import UsageError
+    from dlbricks.files import write_atomically
+
+    with contextlib.suppress(OSError, UsageError, ValueError):
+        write_atomically(path, proto.SerializeToString())
 
 
 # Which graph a model is decomposed as: the one onnxruntime executes, or its file's.

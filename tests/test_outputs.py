@@ -33,9 +33,11 @@ def _config(argv: list[str] = CLI):
     return runner_config(build_parser("bench").parse_args(["x", *argv]))
 
 
-def engine_result(median_ns: float, se_ns: float, *, rounds: int = 10, stop: str = "converged") -> Measurement:
+def engine_result(median_ns: float, se_ns: float, *, rounds: int = 10, stop: str = "converged",
+                  round_medians: list[float] | None = None, engine_run: str = "") -> Measurement:
     """A result as the engine stores it: round medians around ``median_ns`` whose spread
-    gives ``se_ns``; the interval the engine's t rule gives."""
+    gives ``se_ns``; the interval the engine's t rule gives. With ``round_medians``,
+    those, numbered 1, 2, ... in the engine run ``engine_run``."""
     rng = np.random.default_rng(int(median_ns) % 997)
     times = np.rint(median_ns + rng.normal(0.0, se_ns, 50)).astype(np.int64)
     stats = summarize(times)
@@ -49,7 +51,8 @@ def engine_result(median_ns: float, se_ns: float, *, rounds: int = 10, stop: str
         times_ns=times, stats=stats, config=_config(), warmup_iters=1, stop_reason=stop, setup_time_s=0.01,
         wall_time_s=0.2, denormal_input_fraction=0.0, denormal_output_fraction=0.0, denormal_fraction=0.0,
         denormals_as_zero=True, denormals_flushed=True, ort_version="test", rounds=rounds,
-        round_medians_ns=[median_ns] * rounds, median_se_ns=se_ns,
+        round_medians_ns=round_medians or [median_ns] * rounds, median_se_ns=se_ns,
+        round_nos=list(range(1, len(round_medians) + 1)) if round_medians else [], engine_run=engine_run,
     )
 
 
@@ -187,6 +190,42 @@ def test_construct_prints_the_engine_interval_the_end_to_end_latency_and_the_err
     assert f"[{p['ci_low_s'] * 1e6:.3f}, {p['ci_high_s'] * 1e6:.3f}]" in row  # the same interval, in us
     assert "66.000" in row and "60.000" in row and "+10.0%" in row and "sequential" in row
     assert "end-to-end us" in text and "error" in text
+
+
+def test_construct_compares_as_evaluate_does_with_the_model_in_its_bricks_rounds(zoo, tmp_path, capsys):
+    # The bricks closed after 5 rounds; the model ran 20, and the machine slowed by 40%
+    # after the fifth: its whole estimate (70 us) is not what the bricks met (50 us).
+    store_path = tmp_path / "s.sqlite"
+    chain = load(zoo[0])
+    config = _config()
+    sid = fingerprint_id(system_fingerprint())
+    with Store(store_path) as st:
+        st.put_system(system_fingerprint())
+        st.put_config(config)
+        sp = Corpus([chain]).split(3)
+        for u in range(sp.n_unique):
+            m, members = sp.first_occurrence(u)
+            med = sum(MEDIANS[chain.layers[int(i)].op_type] for i in members)
+            d = bytes(sp.unique_digests[u]).hex()
+            st.put_brick(d, brick_digest_version(), g=3, op_types=[], meta={})
+            st.put_result("brick", d, brick_digest_version(), sid, config,
+                          engine_result(med, 0.001 * med, rounds=5, round_medians=[med] * 5, engine_run="run1"))
+        from dlbricks.bricks import model_digest
+
+        st.put_model(model_digest(chain), model_digest_version(), name=chain.name, meta={"path": chain.path})
+        whole = engine_result(70_000.0, 700.0, rounds=20, round_medians=[50_000.0] * 5 + [70_000.0] * 15,
+                              engine_run="run1")
+        st.put_result("model", model_digest(chain), model_digest_version(), sid, config, whole)
+    assert main(["construct", str(zoo[0]), "-G", "3", "--store", str(store_path), "--json", *CLI]) == 0
+    (p,) = json.loads(capsys.readouterr().out)["predictions"]
+    assert p["e2e_s"] == pytest.approx(70e-6) and p["e2e_same_rounds_s"] == pytest.approx(50e-6)
+    assert p["normalized"] == pytest.approx(66 / 50) and p["error"] == pytest.approx(66 / 50 - 1)
+    assert main(["evaluate", str(zoo[0]), "-G", "3", "--store", str(store_path), "--no-measure", "--json", *CLI]) == 0
+    (model,) = json.loads(capsys.readouterr().out)["models"]
+    assert model["per_g"]["3"]["sequential"]["normalized"] == pytest.approx(p["normalized"], rel=1e-12)
+    assert main(["construct", str(zoo[0]), "-G", "3", "--store", str(store_path), *CLI]) == 0
+    text = capsys.readouterr().out
+    assert "+32.0%" in text and "in the rounds its bricks were measured in" in text
 
 
 def test_construct_flags_a_model_whose_interval_is_wider_than_the_precision(zoo, tmp_path, capsys):

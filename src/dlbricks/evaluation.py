@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.timing.config import RunnerConfig
 
 __all__ = ["ATTRIBUTION_HEADS", "ATTRIBUTION_STEPS", "AttributionUnavailable", "Evaluation", "GAccuracy", "ModelEvaluation",
-           "evaluate", "same_rounds_latency"]
+           "evaluate", "same_rounds_latency", "same_rounds_references"]
 
 #: The chain of variants ``evaluate(..., attribution=True)`` reconstructs, each adding
 #: one correction to the one before; the last is the evaluation itself.
@@ -358,9 +358,11 @@ def evaluate(
         norm_seq: list[float] = []
         norm_par: list[float] = []
         pred_seq: list[float] = []
+        references = same_rounds_references(e2e, recs, brick_ns, occurrences)
         for i, preds in enumerate(per_model):
-            used = np.flatnonzero(occurrences[i])
-            e, e_rounds = same_rounds_latency(e2e[i], [recs[u] for u in used], occurrences[i, used] * brick_ns[used])
+            reference = references[i]
+            assert reference is not None  # models without an end-to-end result were excluded
+            e, e_rounds = reference
             e *= 1e-9
             # The reference's interval: the model's over the rounds the comparison uses.
             e_rel = _relative_halfwidth(e2e[i]) * math.sqrt(max(1.0, len(_round_medians(e2e[i])) / max(e_rounds, 1.0)))
@@ -670,6 +672,25 @@ def same_rounds_latency(
         ratio[k], shared[k] = cache[key]
     share = w / w.sum()
     return est * float(share @ ratio), float(share @ shared)
+
+
+def same_rounds_references(
+    models: Sequence[ResultRecord | None], bricks: Sequence[ResultRecord | None], brick_ns: np.ndarray,
+    occurrences: np.ndarray,
+) -> list[tuple[float, float] | None]:
+    """:func:`same_rounds_latency` of every model at one G (None for a model without a
+    measured end-to-end result): ``models`` their end-to-end results, ``bricks`` and
+    ``brick_ns`` the G's unique bricks' results and medians (ns; 0 for one not
+    measured), ``occurrences`` the split's (models x unique bricks). What ``evaluate``
+    and ``construct`` divide by."""
+    out: list[tuple[float, float] | None] = []
+    for i, rec in enumerate(models):
+        if rec is None or not rec.ok or not rec.median_ns:
+            out.append(None)
+            continue
+        used = np.flatnonzero(occurrences[i])
+        out.append(same_rounds_latency(rec, [bricks[int(u)] for u in used], occurrences[i, used] * brick_ns[used]))
+    return out
 
 
 def _median_ns(rec: ResultRecord | None) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from dlbricks.commands._common import (
     SCHEMA_VERSION,
@@ -71,15 +71,18 @@ def run(args: argparse.Namespace) -> int:
         check = check_precision(models, [args.G], store, system_id, config, sources,
                                 rerun="`dlbricks bench --remeasure-unstable` (same models and options) measures them again")
         measured = model_latencies(store, sources, system_id, config.key())
+        references = _references(models, sources, args.G, store, system_id, config.key())
     rows = []
-    for p, source, e2e in zip(preds, sources, measured):
+    for p, source, e2e, reference in zip(preds, sources, measured, references):
         row: dict[str, Any] = p.to_dict()
         row["path"] = row.get("path") or source.path
         row["graph"] = args.graphs.get(source.path, "source")
         ok = e2e["status"] == "ok"
         row["e2e_s"] = e2e["median_s"] if ok else None
         row["e2e_ci_s"] = [e2e["ci_low_s"], e2e["ci_high_s"]] if ok else None
-        row["normalized"] = p.latency_s / e2e["median_s"] if ok and e2e["median_s"] > 0 else None
+        # As evaluate divides: by the model's latency in the rounds its bricks were measured in.
+        row["e2e_same_rounds_s"] = reference * 1e-9 if ok and reference else None
+        row["normalized"] = p.latency_s / row["e2e_same_rounds_s"] if row["e2e_same_rounds_s"] else None
         row["error"] = row["normalized"] - 1.0 if row["normalized"] is not None else None
         row["flags"] = [f for m in check.for_model(p.model) if m.flagged and m.G in (None, args.G)
                         for f in [f"{m.where}: +/-{m.rel_halfwidth:.1%} > +/-{m.precision:.1%}"]]
@@ -99,6 +102,28 @@ def run(args: argparse.Namespace) -> int:
     }
     emit(args, render_predictions(rows, args.G, args.mode), result)
     return 0
+
+
+def _references(models: Sequence[Any], sources: Sequence[Any], G: int, store: Any, system_id: str,
+                config_key: str) -> list[float | None]:
+    """Each model's end-to-end latency (ns) in the rounds its bricks at ``G`` were measured
+    in (:func:`dlbricks.evaluation.same_rounds_references`); None without one."""
+    import numpy as np
+
+    from dlbricks.bricks import model_digest
+    from dlbricks.corpus import Corpus
+    from dlbricks.evaluation import same_rounds_references
+    from dlbricks.versions import brick_digest_version, model_digest_version
+
+    sp = Corpus(models).split(G)
+    unique = [bytes(d).hex() for d in sp.unique_digests]
+    found = store.get_results("brick", unique, brick_digest_version(), system_id, config_key)
+    bricks = [found.get(d) for d in unique]
+    brick_ns = np.array([float(r.median_ns) if r is not None and r.ok and r.median_ns else 0.0 for r in bricks])
+    digests = [model_digest(s) for s in sources]
+    whole = store.get_results("model", digests, model_digest_version(), system_id, config_key)
+    refs = same_rounds_references([whole.get(d) for d in digests], bricks, brick_ns, sp.occurrences())
+    return [r[0] if r is not None else None for r in refs]
 
 
 def render_predictions(rows: list[dict[str, Any]], G: int, mode: str) -> str:
@@ -127,4 +152,7 @@ def render_predictions(rows: list[dict[str, Any]], G: int, mode: str) -> str:
         lines.append(line)
     if not any_e2e:
         lines.append("(no end-to-end result in the store: `dlbricks bench --e2e` measures the models to compare)")
+    else:
+        lines.append("(error: against the model's latency in the rounds its bricks were measured in, as `evaluate` "
+                     "compares; e2e_same_rounds_s in --json)")
     return "\n".join(lines) + "\n"

@@ -346,15 +346,31 @@ def runtime_models_or_sources(
         name and no path. Only a :class:`~dlbricks.errors.DlbricksError` sends a model
         back to its source graph; other errors (``MemoryError``...) propagate.
     """
-    models: list[Model] = []
-    graphs: list[Graph] = []
-    for m in sources:
+    def derive(m: Model) -> Model | DlbricksError:
         shapes = input_shapes_for(m) if input_shapes_for is not None else None
         try:
-            models.append(_runtime_model(m, config, level, shapes))
-            graphs.append("runtime")
+            return _runtime_model(m, config, level, shapes)
         except DlbricksError as exc:
-            cause = _unlabelled(first_line(exc), m.name)
+            return exc
+
+    # onnxruntime optimises and runs a model outside the GIL, so models not cached yet
+    # are derived on every usable core at once (nothing is being timed yet).
+    threads = min(len(sources), _usable_cores())
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="dlbricks-runtime-graph") as pool:
+            derived = list(pool.map(derive, sources))
+    else:
+        derived = [derive(m) for m in sources]
+    models: list[Model] = []
+    graphs: list[Graph] = []
+    for m, runtime in zip(sources, derived):
+        if isinstance(runtime, Model):
+            models.append(runtime)
+            graphs.append("runtime")
+        else:
+            cause = _unlabelled(first_line(runtime), m.name)
             message = f"{m.name}: decomposed as its source graph: its runtime graph cannot be used ({cause})"
             if on_warning is not None:
                 on_warning(message)
@@ -363,6 +379,13 @@ def runtime_models_or_sources(
             models.append(m)
             graphs.append("source")
     return models, graphs
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _unlabelled(message: str, name: str) -> str:

@@ -17,6 +17,7 @@ types: what onnxruntime produces, optional outputs included.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 import warnings
@@ -269,7 +270,6 @@ def _cache_path(model: Model, cfg: RunnerConfig, shapes: Mapping[str, tuple[int,
 
     from dlbricks.bricks import model_digest
     from dlbricks.files import cache_dir
-    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
     from dlbricks.versions import brick_digest_version
 
     names = hashlib.blake2b(digest_size=16)
@@ -280,7 +280,7 @@ def _cache_path(model: Model, cfg: RunnerConfig, shapes: Mapping[str, tuple[int,
         "model": model_digest(model),
         "names": names.hexdigest(),
         "bricks": brick_digest_version(),
-        "system": _system_id(fingerprint_id, system_fingerprint),
+        "system": _system_id(),
         "options": [cfg.graph_optimization, cfg.execution_mode, cfg.intra_op_threads, cfg.inter_op_threads,
                     cfg.denormals_as_zero],
         "shapes": sorted((k, list(v)) for k, v in (shapes or {}).items()),
@@ -289,13 +289,12 @@ def _cache_path(model: Model, cfg: RunnerConfig, shapes: Mapping[str, tuple[int,
     return cache_dir() / "runtime-graphs" / f"{digest}.onnx"
 
 
-_SYSTEM_ID: list[str] = []
+@functools.cache
+def _system_id() -> str:
+    """This machine's fingerprint id, once per process (it reads /proc and /sys)."""
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
-
-def _system_id(fingerprint_id: Callable[..., str], system_fingerprint: Callable[[], dict]) -> str:
-    if not _SYSTEM_ID:  # one fingerprint per process: it reads /proc and /sys
-        _SYSTEM_ID.append(fingerprint_id(system_fingerprint()))
-    return _SYSTEM_ID[0]
+    return fingerprint_id(system_fingerprint())
 
 
 def _read_cached(path: Path) -> onnx.ModelProto | None:
@@ -355,7 +354,9 @@ def runtime_models_or_sources(
 
     # onnxruntime optimises and runs a model outside the GIL, so models not cached yet
     # are derived on every usable core at once (nothing is being timed yet).
-    threads = min(len(sources), _usable_cores())
+    from dlbricks.cpuset import usable_cpus
+
+    threads = min(len(sources), len(usable_cpus()))
     if threads > 1:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -379,13 +380,6 @@ def runtime_models_or_sources(
             models.append(m)
             graphs.append("source")
     return models, graphs
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _unlabelled(message: str, name: str) -> str:

@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--default-variant", default="runtime+call+auto",
                     help="the variant the thread sweep runs (the default settings)")
     args = ap.parse_args()
+    if args.only == "modern" and not args.modern:
+        args.modern = str(DEFAULT_MODERN)  # --only modern means the modern corpus, at its default place
     Gs = [int(g) for g in args.G.split(",")]
     variants = args.variants.split(",")
     corpora = {}

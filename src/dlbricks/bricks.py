@@ -432,10 +432,13 @@ def check_brick(proto: onnx.ModelProto | str, *, label: str | None = None) -> No
     if relabelled is not None and isinstance(proto, str):
         # The checker finds external weights relative to the file it checks, and an
         # in-memory model has none: the copy is checked as a file beside the original.
-        fd, copy_path = tempfile.mkstemp(suffix=".check.onnx", dir=os.path.dirname(os.path.abspath(proto)))
-        os.close(fd)
-        onnx.save_model(relabelled, copy_path)
-        proto = copy_path
+        try:
+            fd, copy_path = tempfile.mkstemp(suffix=".check.onnx", dir=os.path.dirname(os.path.abspath(proto)))
+            os.close(fd)
+            onnx.save_model(relabelled, copy_path)
+            proto = copy_path
+        except OSError:  # a folder we cannot write to: checked in memory (weights inline only)
+            proto = relabelled
     elif relabelled is not None:
         proto = relabelled
     try:

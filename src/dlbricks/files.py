@@ -10,14 +10,17 @@ from typing import IO, Iterator
 from dlbricks.errors import UsageError
 
 
-def cache_dir() -> Path:
-    """Where dlbricks keeps what it can derive again (runtime graphs):
-    ``$DLBRICKS_CACHE_DIR``, else ``$XDG_CACHE_HOME/dlbricks`` (``~/.cache`` when unset)."""
-    named = os.environ.get("DLBRICKS_CACHE_DIR")
-    if named:
-        return Path(named)
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/dlbricks`` (``~/.cache`` when unset): the default store's folder."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "dlbricks"
+
+
+def cache_dir() -> Path:
+    """Where dlbricks keeps what it can derive again (runtime graphs):
+    ``$DLBRICKS_CACHE_DIR``, else :func:`user_cache_dir`."""
+    named = os.environ.get("DLBRICKS_CACHE_DIR")
+    return Path(named) if named else user_cache_dir()
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 

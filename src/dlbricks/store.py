@@ -182,8 +182,9 @@ class StoreError(DlbricksError):
 
 def default_store_path() -> Path:
     """``$XDG_CACHE_HOME/dlbricks/results.sqlite`` (``~/.cache`` when unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dlbricks" / "results.sqlite"
+    from dlbricks.files import user_cache_dir
+
+    return user_cache_dir() / "results.sqlite"
 
 
 def _now() -> str:

@@ -622,12 +622,11 @@ def _round_medians(rec: ResultRecord) -> list[float]:
 def _numbered_rounds(rec: ResultRecord) -> tuple[str, dict[int, float]]:
     """(engine run id, {round number: that round's median}) of a result of the
     measurement engine; ("", {}) for results without round numbers."""
+    from dlbricks.timing.stats import numbered_rounds
+
     meta = rec.meta or {}
-    nos = [int(r) for r in meta.get("round_nos") or ()]
-    meds = _round_medians(rec)
-    if not nos or len(nos) > len(meds):
-        return "", {}
-    return str(meta.get("engine_run") or ""), dict(zip(nos, meds[len(meds) - len(nos):]))
+    by_round = numbered_rounds(_round_medians(rec), meta.get("round_nos") or ())
+    return (str(meta.get("engine_run") or ""), by_round) if by_round else ("", {})
 
 
 def same_rounds_latency(

@@ -47,7 +47,7 @@ from dlbricks.timing.engine_process import WorkerDied, WorkerProcess
 from dlbricks.timing.engine_worker import eviction_bytes
 from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.timing.session import source_nbytes
-from dlbricks.timing.stats import summarize
+from dlbricks.timing.stats import numbered_rounds, summarize
 
 __all__ = ["EngineItem", "EngineSummary", "Group", "WorkerDied", "measure", "t_quantile"]
 
@@ -323,8 +323,8 @@ def _common_round_var(g: Group, tracks: Mapping[str, _Track], mu: float) -> floa
         if not t.round_nos:
             return None
         m = t.median
-        values = t.round_medians[len(t.round_medians) - len(t.round_nos):]
-        dev = {r: min(max(v / m - 1.0, -_MAX_DEVIATION), _MAX_DEVIATION) for r, v in zip(t.round_nos, values)}
+        dev = {r: min(max(v / m - 1.0, -_MAX_DEVIATION), _MAX_DEVIATION)
+               for r, v in numbered_rounds(t.round_medians, t.round_nos).items()}
         series.append((c * m / mu, dev))
         common = set(dev) if common is None else common & dev.keys()
         if len(common) < _MIN_COMMON_ROUNDS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -196,3 +196,12 @@ def ci_converged(times: list[int], target: float) -> bool:
     median = (float(a[m1]) + float(a[m2])) / 2.0
     half = max(median - float(a[lo]), float(a[hi]) - median)
     return half <= target * median
+
+
+def numbered_rounds(round_medians: Sequence[float], round_nos: Sequence[int]) -> dict[int, float]:
+    """{round number: that round's median} of one engine result: its numbers belong to the
+    last ``len(round_nos)`` of its round medians (rounds resumed from a checkpoint of an
+    earlier run come first and have none); {} when there are more numbers than medians."""
+    if len(round_nos) > len(round_medians):
+        return {}
+    return dict(zip((int(r) for r in round_nos), round_medians[len(round_medians) - len(round_nos):]))

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.timing.config import RunnerConfig
 
 __all__ = ["ATTRIBUTION_HEADS", "ATTRIBUTION_STEPS", "AttributionUnavailable", "Evaluation", "GAccuracy", "ModelEvaluation",
-           "evaluate", "same_rounds_latency", "same_rounds_references"]
+           "brick_results", "evaluate", "same_rounds_latency", "same_rounds_references"]
 
 #: The chain of variants ``evaluate(..., attribution=True)`` reconstructs, each adding
 #: one correction to the one before; the last is the evaluation itself.
@@ -293,7 +293,6 @@ def evaluate(
                  "models_total": len(sources), "models_reused": len(sources), "models_measured": 0,
                  "models_failed": 0, "wall_s": 0.0, "remeasured": 0}
     mver = model_digest_version()
-    bver = brick_digest_version()
     corpus = Corpus(models)
 
     e2e: list[ResultRecord] = []
@@ -320,7 +319,7 @@ def evaluate(
     ]
     if e2e_failed and len(e2e_failed) == len(models):
         raise DlbricksError(f"no model could be measured end to end ({excluded[0]['name']}: {excluded[0]['error']})")
-    bricks_failed = {i: why for i, why in _models_with_failed_bricks(corpus, Gs, store, bver, system_id,
+    bricks_failed = {i: why for i, why in _models_with_failed_bricks(corpus, Gs, store, system_id,
                                                                       config_key).items() if i not in e2e_failed}
     excluded += [{"name": names[i], "path": paths[i], "error": bricks_failed[i]} for i in sorted(bricks_failed)]
     if excluded:
@@ -350,10 +349,7 @@ def evaluate(
         per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key,
                             n_boot=n_boot, seed=seed, corpus=corpus, names=names, call_overhead_ns=overhead)
         sp = corpus.split(G)
-        unique = [bytes(d).hex() for d in sp.unique_digests]
-        found = store.get_results("brick", unique, bver, system_id, config_key)
-        recs = [found.get(d) for d in unique]
-        brick_ns = np.array([_median_ns(r) for r in recs])  # predict checked every brick
+        unique, recs, brick_ns = brick_results(sp, store, system_id, config_key)  # predict checked every brick
         occurrences = sp.occurrences()
         norm_seq: list[float] = []
         norm_par: list[float] = []
@@ -591,22 +587,21 @@ def accuracy_metrics(normalized: Sequence[float], measured: Sequence[float] | No
 
 
 def _models_with_failed_bricks(
-    corpus: Corpus, Gs: Sequence[int], store: Store, bver: int, system_id: str, config_key: str
+    corpus: Corpus, Gs: Sequence[int], store: Store, system_id: str, config_key: str
 ) -> dict[int, str]:
     """Model index -> why it cannot be reconstructed: the first of its bricks, at any
     G, whose stored result is a failure."""
     out: dict[int, str] = {}
     for G in Gs:
         sp = corpus.split(G)
-        digests = [bytes(d).hex() for d in sp.unique_digests]
-        found = store.get_results("brick", digests, bver, system_id, config_key)
-        bad = [u for u, d in enumerate(digests) if d in found and not found[d].ok]
+        digests, recs, _ = brick_results(sp, store, system_id, config_key)
+        bad = [(u, rec) for u, rec in enumerate(recs) if rec is not None and not rec.ok]
         if not bad:
             continue
         occ = sp.occurrences()
-        for u in bad:
+        for u, rec in bad:
             for i in np.nonzero(occ[:, u])[0]:
-                out.setdefault(int(i), f"brick {digests[u][:12]} (G={G}) failed: {found[digests[u]].error or 'failed'}")
+                out.setdefault(int(i), f"brick {digests[u][:12]} (G={G}) failed: {rec.error or 'failed'}")
     return out
 
 
@@ -671,6 +666,19 @@ def same_rounds_latency(
         ratio[k], shared[k] = cache[key]
     share = w / w.sum()
     return est * float(share @ ratio), float(share @ shared)
+
+
+def brick_results(
+    sp: Any, store: Store, system_id: str, config_key: str
+) -> tuple[list[str], list[ResultRecord | None], np.ndarray]:
+    """The unique bricks of a split (:meth:`dlbricks.corpus.Corpus.split`): their digests
+    (hex), stored results (None where the store has none) and medians (ns; 0 for one not
+    measured), in the split's order."""
+    unique = [bytes(d).hex() for d in sp.unique_digests]
+    found = store.get_results("brick", unique, brick_digest_version(), system_id, config_key)
+    recs = [found.get(d) for d in unique]
+    medians = np.array([float(r.median_ns) if r is not None and r.ok and r.median_ns else 0.0 for r in recs])
+    return unique, recs, medians
 
 
 def same_rounds_references(

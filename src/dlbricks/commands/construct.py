@@ -108,18 +108,13 @@ def _references(models: Sequence[Any], sources: Sequence[Any], G: int, store: An
                 config_key: str) -> list[float | None]:
     """Each model's end-to-end latency (ns) in the rounds its bricks at ``G`` were measured
     in (:func:`dlbricks.evaluation.same_rounds_references`); None without one."""
-    import numpy as np
-
     from dlbricks.bricks import model_digest
     from dlbricks.corpus import Corpus
-    from dlbricks.evaluation import same_rounds_references
-    from dlbricks.versions import brick_digest_version, model_digest_version
+    from dlbricks.evaluation import brick_results, same_rounds_references
+    from dlbricks.versions import model_digest_version
 
     sp = Corpus(models).split(G)
-    unique = [bytes(d).hex() for d in sp.unique_digests]
-    found = store.get_results("brick", unique, brick_digest_version(), system_id, config_key)
-    bricks = [found.get(d) for d in unique]
-    brick_ns = np.array([float(r.median_ns) if r is not None and r.ok and r.median_ns else 0.0 for r in bricks])
+    _, bricks, brick_ns = brick_results(sp, store, system_id, config_key)
     digests = [model_digest(s) for s in sources]
     whole = store.get_results("model", digests, model_digest_version(), system_id, config_key)
     refs = same_rounds_references([whole.get(d) for d in digests], bricks, brick_ns, sp.occurrences())

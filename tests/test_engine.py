@@ -364,15 +364,15 @@ def test_a_worker_killed_between_rounds_is_replaced_and_its_sessions_reopened():
     results: dict[str, object] = {}
     killed = []
 
-    def on_round(done, total, rounds):
-        if rounds == 1 and not killed:
+    def on_progress(p):
+        if p.rounds == 1 and not killed:
             # Kill the worker between rounds: the next round finds it dead.
             for pid in _worker_pids():
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
 
     summary = measure([good, victim], [], RunnerConfig(), on_result=lambda it, r: results.__setitem__(it.id, r),
-                      on_round=on_round)
+                      on_progress=on_progress)
     assert killed
     assert isinstance(results["good"], Measurement) and isinstance(results["victim"], Measurement)
     assert summary.worker_starts >= 2
@@ -434,15 +434,15 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint():
     class Killed(Exception):
         pass
 
-    def kill_at_round_3(done, total, rounds):
-        if rounds == 3:
+    def kill_at_round_3(p):
+        if p.rounds == 3:
             raise Killed
 
     config = RunnerConfig(min_rounds=6, max_rounds=6)
     factory = lambda c, t: SyntheticWorker(c, t, rng=rng)  # noqa: E731
     with pytest.raises(Killed):
         measure([EngineItem(i, s) for i, s in specs.items()], [], config, on_result=lambda it, r: None,
-                on_round=kill_at_round_3, worker_factory=factory, on_checkpoint=states.update, checkpoint_s=0)
+                on_progress=kill_at_round_3, worker_factory=factory, on_checkpoint=states.update, checkpoint_s=0)
     assert set(states) == {"a", "b"} and all(len(s["round_medians"]) == 3 for s in states.values())
     results: dict[str, Measurement] = {}
     summary = measure([EngineItem(i, s, resume=states[i]) for i, s in specs.items()], [], config,
@@ -486,8 +486,8 @@ def test_a_worker_with_huge_pages_holds_its_sessions_in_them(huge_pages):
         pytest.skip("glibc < 2.35 or transparent huge pages off: the setting has no effect here")
     seen: list[int] = []
 
-    def on_round(done, total, rounds):
-        if rounds == 1:
+    def on_progress(p):
+        if p.phase == "measuring" and p.rounds == 1:
             seen.extend(_anon_huge_kib(pid) for pid in _worker_pids())
 
     # 16 MiB of weights: onnxruntime's copies of them fill several 2 MiB pages. Timed
@@ -495,7 +495,7 @@ def test_a_worker_with_huge_pages_holds_its_sessions_in_them(huge_pages):
     # huge pages, and it would be counted here.
     config = RunnerConfig(huge_pages=huge_pages, max_rounds=5, cache_state="warm")
     measure([EngineItem("big", _matmul_model(2048, "big"))], [], config,
-            on_result=lambda it, r: None, on_round=on_round)
+            on_result=lambda it, r: None, on_progress=on_progress)
     assert seen
     assert (max(seen) >= 4096) == huge_pages
 
@@ -546,3 +546,36 @@ def test_the_same_rounds_reference_falls_back_to_the_whole_estimate():
     old = _record(results["b"])
     del old.meta["round_nos"]
     assert same_rounds_latency(model, [old], [1.0])[0] == whole
+
+
+def test_progress_reports_opening_then_rounds_with_an_eta_that_tracks_the_rounds_still_needed():
+    # Four items whose spread needs many rounds to reach +/-2% together: the ETA (the rounds each group still needs, r (h / precision)^2 - r, times
+    # each item's cost per round) predicts the time the rest of the run takes, and it
+    # is 0 when the run ends.
+    rng = np.random.default_rng(1)
+    walls: list[float] = []
+
+    class Timed(SyntheticWorker):
+        def reply(self, timeout_s, doing):
+            r = super().reply(timeout_s, doing)
+            if isinstance(r, tuple) and r[0] == "round":
+                walls.append(r[2])
+            return r
+
+    reports = []
+    specs = {f"b{i}": {"ns": 2e6 * (1 + i), "cv": 0.3} for i in range(4)}
+    measure([EngineItem(i, s) for i, s in specs.items()], [Group("m", {i: 1.0 for i in specs})],
+            RunnerConfig(min_rounds=5, max_rounds=300), on_result=lambda it, r: None,
+            on_progress=lambda p: reports.append((p, len(walls))), worker_factory=lambda c, t: Timed(c, t, rng=rng))
+    phases = [p.phase for p, _ in reports]
+    assert phases[0] == "opening" and phases[-1] == "measuring"
+    assert phases.index("measuring") > phases.index("opening")
+    assert max(p.opened for p, _ in reports) == 4 and reports[-1][0].final == 4
+    measuring = [(p, n) for p, n in reports if p.phase == "measuring"]
+    assert len(measuring) >= 15, len(measuring)  # a run long enough to predict
+    assert measuring[-1][0].eta_s == 0
+    # Early rounds' spread understates the later ones' (bursts shorten as items near
+    # their runs), so the estimate is a rough one: within 2x once a quarter has run.
+    for p, n in measuring[len(measuring) // 4:3 * len(measuring) // 4]:
+        remaining = sum(walls[n:])
+        assert 0.5 * remaining <= p.eta_s <= 2.0 * remaining, (p.rounds, p.eta_s, remaining)

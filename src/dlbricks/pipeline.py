@@ -25,7 +25,7 @@ from dlbricks.evaluation import evaluate
 from dlbricks.model import Model, ModelLike, layer_kinds
 from dlbricks.progress import Progress
 from dlbricks.timing import calibration
-from dlbricks.timing.engine import EngineItem, Group, measure
+from dlbricks.timing.engine import EngineItem, EngineProgress, Group, measure
 from dlbricks.timing.engine_process import spool_dir
 from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.versions import brick_digest_version, model_digest_version
@@ -292,15 +292,18 @@ def bench(
                 if on_event is not None:
                     on_event(f"{kind} {d[:12]} failed: {error}")
             done[0] += 1
-            bar.advance()
             # Files this run wrote (bricks too large to pass as bytes, whole models
             # with external weights) are not needed once measured.
             for path in (out / kind / f"{d}.onnx", out / kind / f"{d}.onnx.data"):
                 with contextlib.suppress(OSError):
                     path.unlink()
 
+        def on_progress(p: EngineProgress) -> None:
+            status = f"opening sessions ({p.opened} of {p.total})" if p.phase == "opening" else f"round {p.rounds}"
+            bar.update(done[0], eta_s=p.eta_s, status=status)
+
         measure(engine_items, precision_groups(models, Gs, todo), config, on_result=on_result, jobs=jobs,
-                on_checkpoint=on_checkpoint)
+                on_checkpoint=on_checkpoint, on_progress=on_progress)
         if probes:
             calibration.record(store, system_id, config_key, probes)
         summary.generate_s = sum(it.prep_s for it in engine_items)

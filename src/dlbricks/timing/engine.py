@@ -49,7 +49,7 @@ from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.timing.session import source_nbytes
 from dlbricks.timing.stats import numbered_rounds, summarize
 
-__all__ = ["EngineItem", "EngineSummary", "Group", "WorkerDied", "measure", "t_quantile"]
+__all__ = ["EngineItem", "EngineProgress", "EngineSummary", "Group", "WorkerDied", "measure", "t_quantile"]
 
 #: The most iteration times kept per result: an evenly spaced, order-preserving subset
 #: (the per-round medians, kept whole, carry the uncertainty).
@@ -66,6 +66,10 @@ _LEVEL = 0.95
 _OPEN_AHEAD = 3
 #: Iteration times a checkpoint keeps per result (the per-round medians are kept whole).
 _CHECKPOINT_TIMES = 128
+#: The least time between two progress reports while sessions are being opened.
+_OPENING_REPORT_S = 0.5
+#: Sessions opened before the time the others will take is extrapolated.
+_MIN_OPENED_FOR_ETA = 20
 
 
 @dataclass
@@ -110,6 +114,30 @@ class Group:
 
     name: str
     terms: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class EngineProgress:
+    """Where a :func:`measure` call stands, for a progress display.
+
+    Attributes:
+        final: items with a result (measured or failed).
+        total: all items.
+        opened: sessions opened so far (over all batches; reopened ones count again).
+        rounds: rounds run so far.
+        phase: ``"opening"`` (building and warming up sessions) or ``"measuring"``.
+        eta_s: the seconds still to go: each open session's cost per round times the
+            rounds its models' precision still needs (its interval narrows as one over
+            the square root of its rounds), plus the sessions not yet opened at the
+            cost per session seen so far; None before anything was measured.
+    """
+
+    final: int
+    total: int
+    opened: int
+    rounds: int
+    phase: str
+    eta_s: float | None
 
 
 @dataclass
@@ -482,7 +510,7 @@ class _Engine:
         groups: Sequence[Group],
         config: RunnerConfig,
         on_result: Callable[[EngineItem, Measurement | Failure], None],
-        on_round: Callable[[int, int, int], None] | None,
+        on_progress: Callable[[EngineProgress], None] | None,
         jobs: int,
         start_timeout_s: float,
         worker_factory: Callable[[RunnerConfig, float], Any] | None,
@@ -494,7 +522,7 @@ class _Engine:
         self.checkpoint_s = checkpoint_s
         self.worker_factory = worker_factory or WorkerProcess
         self.on_result = on_result
-        self.on_round = on_round
+        self.on_progress = on_progress
         self.start_timeout_s = start_timeout_s
         self.worker_configs = _worker_configs(config, jobs)
         self.workers: list[WorkerProcess | None] = [None] * len(self.worker_configs)
@@ -521,6 +549,16 @@ class _Engine:
         self.done = 0
         #: Rounds run so far, over all batches: numbers each track's rounds.
         self.rounds_run = 0
+        # For the progress estimate: sessions opened and the wall time that took, the
+        # tracks not yet sent to a worker, the rounds of the current batch, and the
+        # time a round costs beyond its workers' (planning, results, checkpoints).
+        self.opened = 0
+        self.open_wall_s = 0.0
+        self.unsent = 0
+        self.batch_round = 0
+        self.round_overhead_s = 0.0
+        self.group_states: dict[int, tuple[bool, float, float]] = {}
+        self.last_report = 0.0
         #: Tells this run's round numbers from another run's in the results.
         self.run_id = secrets.token_hex(8)
 
@@ -564,6 +602,7 @@ class _Engine:
         Stops sending once ``stop()`` says so; returns the tracks not sent."""
         queue = list(tracks)
         inflight: dict[int, list[tuple[_Track, float]]] = {}
+        t_start = time.perf_counter()
         while queue or any(inflight.values()):
             # Fill every worker's pipeline.
             while queue and not stop():
@@ -589,6 +628,11 @@ class _Engine:
             w = busy[0]
             t, t_sent = inflight[w].pop(0)
             self.receive_open(w, t, t_sent, inflight)
+            now = time.perf_counter()
+            self.open_wall_s += now - t_start
+            t_start = now
+            self.opened += 1
+            self.report("opening", len(queue) + sum(len(v) for v in inflight.values()))
         return queue
 
     def receive_open(self, w: int, t: _Track, t_sent: float, inflight: dict[int, list[tuple[_Track, float]]]) -> None:
@@ -642,8 +686,10 @@ class _Engine:
             plans.setdefault(t.worker, []).append((t.item.id, k, warm))
         return plans
 
-    def run_round(self, round_no: int) -> None:
+    def run_round(self, round_no: int) -> float:
+        """Run one round; returns the longest time a worker spent on it (s)."""
         self.rounds_run += 1
+        longest = 0.0
         plans = self.plan(round_no)
         expected: dict[int, float] = {}
         for w, plan in plans.items():
@@ -663,6 +709,7 @@ class _Engine:
                 self.reopen(w)
                 continue
             _, times, wall_s = msg
+            longest = max(longest, wall_s)
             total = sum(sum(v) for v in times.values()) or 1
             for item_id, ts in times.items():
                 t = self.tracks[item_id]
@@ -674,10 +721,12 @@ class _Engine:
                 # The round's real wall time, shared in proportion to timed work, so
                 # the cost includes warm-up runs, input reads and the loop itself.
                 t.sampling_s += wall_s * sum(ts) / total
+        return longest
 
     def finalize(self, round_no: int, force: str | None = None) -> None:
         cfg = self.config
-        state = {id(g): _group_state(g, self.tracks, cfg.precision)[0] for g in self.groups}
+        self.group_states = {id(g): _group_state(g, self.tracks, cfg.precision) for g in self.groups}
+        state = {k: v[0] for k, v in self.group_states.items()}
         widening: dict[int, float] = {}  # computed for the groups of what closes only
         closing: dict[int, list[str]] = {}
         others_open = any(t.open and not t.item.reference for t in self.tracks.values())
@@ -724,6 +773,79 @@ class _Engine:
         if states:
             self.on_checkpoint(states)
 
+    # ------------------------------------------------------------------ progress
+
+    def report(self, phase: str, opening_left: int = 0) -> None:
+        if self.on_progress is None:
+            return
+        now = time.perf_counter()
+        if phase == "opening" and opening_left and now - self.last_report < _OPENING_REPORT_S:
+            return  # thousands of sessions open in seconds: a few reports are enough
+        self.last_report = now
+        self.on_progress(EngineProgress(self.done, len(self.tracks), self.opened, self.summary.rounds, phase,
+                                        self.eta_s(opening_left)))
+
+    def rounds_left(self) -> dict[str, float]:
+        """Rounds each open item is expected to run still: the most any of its groups
+        needs (a group's interval narrows as one over the square root of its rounds,
+        so ``r (h / precision)^2`` rounds in all reach the precision from half-width
+        ``h`` after ``r``), at least up to ``min_rounds``, at most up to
+        ``max_rounds``; a reference runs as long as its batch's other items."""
+        cfg = self.config
+        cap = max(0, cfg.max_rounds - self.batch_round)
+        floor = max(0, cfg.min_rounds - self.batch_round)
+        if not self.group_states:  # a batch before its first round: no spread seen yet
+            return {i: float(floor) for i, t in self.tracks.items() if t.open}
+        group_left: dict[int, float] = {}
+        for g in self.groups:
+            live = [self.tracks[i] for i in g.terms if self.tracks[i].open]
+            if not live:
+                continue
+            converged, half, _ = self.group_states[id(g)]
+            r = max(len(t.round_medians) for t in live)
+            need = 0.0
+            if not converged:
+                need = r * (half / cfg.precision) ** 2 - r if r and math.isfinite(half) else float(cap)
+            group_left[id(g)] = min(float(cap), max(float(floor), math.ceil(need)))
+        left = {
+            i: max((group_left.get(id(g), 0.0) for g in self.groups_of[i]), default=float(floor))
+            for i, t in self.tracks.items() if t.open
+        }
+        longest = max((v for i, v in left.items() if not self.tracks[i].item.reference), default=0.0)
+        for i, v in left.items():
+            if self.tracks[i].item.reference:
+                left[i] = max(v, longest)
+        return left
+
+    def eta_s(self, opening_left: int = 0) -> float | None:
+        """Seconds still to go (see :class:`EngineProgress`); None before anything ran."""
+        left = self.rounds_left()
+        measured = [t for t in self.tracks.values() if t.round_nos]
+        # A session not yet in a round costs its run time times what a round's burst
+        # has cost the measured ones, per second of their run time.
+        run_ratio = 1.0
+        if measured:
+            run_ratio = sum(t.sampling_s for t in measured) / max(
+                1e-9, sum(len(t.round_nos) * t.median * 1e-9 for t in measured))
+        per_worker = [0.0] * len(self.workers)
+        for i, n in left.items():
+            t = self.tracks[i]
+            per_round = (t.sampling_s / len(t.round_nos) if t.round_nos
+                         else run_ratio * max(t.median * 1e-9, 1e-7))
+            per_worker[t.worker] += n * per_round
+        measuring = max(per_worker, default=0.0) + self.round_overhead_s * max(left.values(), default=0.0)
+        # Sessions not opened yet (in flight, or left for later batches) cost what an
+        # opened one has so far: its opening plus its rounds, done and expected.
+        todo = opening_left + self.unsent
+        if todo and not measured and self.opened < _MIN_OPENED_FOR_ETA:
+            return None  # one session's set-up says little about a thousand others'
+        per_session = self.open_wall_s / self.opened
+        if measured:
+            per_session += (sum(t.sampling_s for t in measured)
+                            + sum(left.get(t.item.id, 0.0) * t.sampling_s / len(t.round_nos) for t in measured)
+                            ) / len(measured) / len(self.workers)
+        return measuring + todo * per_session
+
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()
         budget = _memory_budget(self.config)
@@ -736,17 +858,23 @@ class _Engine:
                     rss = sum(w.rss for w in self.workers if w is not None)
                     return rss >= budget and any(x.open for x in self.tracks.values())
 
+                self.group_states, self.batch_round, self.unsent = {}, 0, 0
                 pending = self.open_many(pending, stop=full)
+                self.unsent = len(pending)
                 round_no = 0
                 while any(t.open for t in self.tracks.values()):
-                    self.run_round(round_no)
+                    t_round = time.perf_counter()
+                    worker_s = self.run_round(round_no)
                     round_no += 1
+                    self.batch_round = round_no
                     self.summary.rounds += 1
                     last = round_no >= self.config.max_rounds
                     self.finalize(round_no, "max_rounds" if last else None)
                     self.checkpoint()
-                    if self.on_round is not None:
-                        self.on_round(self.done, len(self.tracks), self.summary.rounds)
+                    extra = max(0.0, time.perf_counter() - t_round - worker_s)
+                    self.round_overhead_s = extra if self.summary.rounds == 1 else (
+                        0.7 * self.round_overhead_s + 0.3 * extra)
+                    self.report("measuring")
             self.summary.converged_groups = sum(
                 _group_state(g, self.tracks, self.config.precision)[0] for g in self.groups
             )
@@ -764,7 +892,7 @@ def measure(
     config: RunnerConfig,
     *,
     on_result: Callable[[EngineItem, Measurement | Failure], None],
-    on_round: Callable[[int, int, int], None] | None = None,
+    on_progress: Callable[[EngineProgress], None] | None = None,
     jobs: int = 1,
     start_timeout_s: float = START_TIMEOUT_S,
     worker_factory: Callable[[RunnerConfig, float], Any] | None = None,
@@ -782,7 +910,8 @@ def measure(
             ``max_rounds``, ``cache_state``, ``burst_s``, ``memory_budget_mb``, pinning).
         on_result: called with each item and its :class:`Measurement` or
             :class:`Failure` as soon as it is final (store it there).
-        on_round: called after each round with (final items, all items, rounds).
+        on_progress: called with an :class:`EngineProgress` after each session opened
+            and after each round.
         jobs: worker processes measuring at once, each pinned to its own cores.
         start_timeout_s: how long a worker may take to start.
         worker_factory: makes a worker from (its config, start timeout); by default a
@@ -802,6 +931,6 @@ def measure(
         DlbricksError: a worker cannot be started at all, or items repeat.
         Exception: whatever ``on_result`` raises (the workers are stopped first).
     """
-    return _Engine(items, groups, config, on_result, on_round, jobs, start_timeout_s, worker_factory, on_checkpoint,
+    return _Engine(items, groups, config, on_result, on_progress, jobs, start_timeout_s, worker_factory, on_checkpoint,
                    checkpoint_s).run()
 

@@ -331,9 +331,13 @@ def test_a_warm_session_longer_than_a_burst_is_warm_if_its_weights_fit_the_last_
     out = {}
     items = [EngineItem("model", _matmul_model(1024, "model"), warm=True),
              EngineItem("brick", _matmul_model(1024, "brick"))]
-    measure(items, [], RunnerConfig(cache_state="cold", burst_s=1e-6, min_rounds=8, max_rounds=8),
+    measure(items, [], RunnerConfig(cache_state="cold", burst_s=1e-6, min_rounds=10, max_rounds=10),
             on_result=lambda it, r: out.__setitem__(it.id, r))
-    assert out["model"].stats.median < 0.75 * out["brick"].stats.median, (out["model"].stats, out["brick"].stats)
+    # Fastest runs, not medians: other tenants of a shared last-level cache only ever
+    # slow a run (in one CI run the warm model's last rounds ran as slowly as the cold
+    # brick's), and the fastest warm run shows whether its weights were there to read.
+    model, brick = (float(np.min(out[k].times_ns)) for k in ("model", "brick"))
+    assert model < 0.75 * brick, (out["model"].times_ns, out["brick"].times_ns)
 
 @pytest.mark.parametrize("cache_state", ["warm", "cold", "auto"])
 def test_real_workers_measure_sessions_from_bytes(cache_state):

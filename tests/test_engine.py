@@ -573,6 +573,7 @@ def test_progress_reports_opening_then_rounds_with_an_eta_that_tracks_the_rounds
             on_progress=lambda p: reports.append((p, len(walls))), worker_factory=lambda c, t: Timed(c, t, rng=rng))
     phases = [p.phase for p, _ in reports]
     assert phases[0] == "opening" and phases[-1] == "measuring"
+    assert all(p.eta_s is None for p, _ in reports if p.phase == "opening")  # no rounds seen: no guess
     assert phases.index("measuring") > phases.index("opening")
     assert max(p.opened for p, _ in reports) == 4 and reports[-1][0].final == 4
     measuring = [(p, n) for p, n in reports if p.phase == "measuring"]

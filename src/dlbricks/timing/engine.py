@@ -68,8 +68,6 @@ _OPEN_AHEAD = 3
 _CHECKPOINT_TIMES = 128
 #: The least time between two progress reports while sessions are being opened.
 _OPENING_REPORT_S = 0.5
-#: Sessions opened before the time the others will take is extrapolated.
-_MIN_OPENED_FOR_ETA = 20
 
 
 @dataclass
@@ -129,7 +127,8 @@ class EngineProgress:
         eta_s: the seconds still to go: each open session's cost per round times the
             rounds its models' precision still needs (its interval narrows as one over
             the square root of its rounds), plus the sessions not yet opened at the
-            cost per session seen so far; None before anything was measured.
+            cost per session seen so far; None while the first batch's sessions are
+            opened (nothing is known yet of the rounds their precision will need).
     """
 
     final: int
@@ -818,15 +817,19 @@ class _Engine:
         return left
 
     def eta_s(self, opening_left: int = 0) -> float | None:
-        """Seconds still to go (see :class:`EngineProgress`); None before anything ran."""
-        left = self.rounds_left()
+        """Seconds still to go (see :class:`EngineProgress`); ``opening_left``: sessions
+        of this batch sent or queued but not open yet."""
         measured = [t for t in self.tracks.values() if t.round_nos]
+        if not measured:
+            # Before the first round nothing says how many rounds the precision needs,
+            # nor what the sessions still to open cost (whole models, opened last, take
+            # a hundred times a brick's set-up): no estimate rather than a wrong one.
+            return None
+        left = self.rounds_left()
         # A session not yet in a round costs its run time times what a round's burst
         # has cost the measured ones, per second of their run time.
-        run_ratio = 1.0
-        if measured:
-            run_ratio = sum(t.sampling_s for t in measured) / max(
-                1e-9, sum(len(t.round_nos) * t.median * 1e-9 for t in measured))
+        run_ratio = sum(t.sampling_s for t in measured) / max(
+            1e-9, sum(len(t.round_nos) * t.median * 1e-9 for t in measured))
         per_worker = [0.0] * len(self.workers)
         for i, n in left.items():
             t = self.tracks[i]
@@ -834,17 +837,12 @@ class _Engine:
                          else run_ratio * max(t.median * 1e-9, 1e-7))
             per_worker[t.worker] += n * per_round
         measuring = max(per_worker, default=0.0) + self.round_overhead_s * max(left.values(), default=0.0)
-        # Sessions not opened yet (in flight, or left for later batches) cost what an
-        # opened one has so far: its opening plus its rounds, done and expected.
-        todo = opening_left + self.unsent
-        if todo and not measured and self.opened < _MIN_OPENED_FOR_ETA:
-            return None  # one session's set-up says little about a thousand others'
-        per_session = self.open_wall_s / self.opened
-        if measured:
-            per_session += (sum(t.sampling_s for t in measured)
-                            + sum(left.get(t.item.id, 0.0) * t.sampling_s / len(t.round_nos) for t in measured)
-                            ) / len(measured) / len(self.workers)
-        return measuring + todo * per_session
+        # Sessions not opened yet (in flight, or left for later batches) cost what a
+        # measured one has: its opening plus its rounds, done and expected.
+        per_session = self.open_wall_s / max(1, self.opened) + (
+            sum(t.sampling_s + left.get(t.item.id, 0.0) * t.sampling_s / len(t.round_nos) for t in measured)
+            / len(measured) / len(self.workers))
+        return measuring + (opening_left + self.unsent) * per_session
 
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()

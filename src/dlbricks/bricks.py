@@ -80,7 +80,23 @@ def _seed_from(digest: bytes | str, seed: int) -> int:
     return (int.from_bytes(raw[:8], "little") ^ (seed * 0x9E3779B97F4A7C15)) & (2**63 - 1)
 
 
-_BLOCK = 1 << 16  # synthetic weights repeat a seeded block of this many values
+_BLOCK = 1 << 16  # synthetic tensors repeat a seeded block of this many values
+
+
+def repeating_uniform(rng: np.random.Generator, n: int, low: float, high: float, *, floor: float = 0.0) -> np.ndarray:
+    """``n`` float32 values uniform in [low, high), magnitudes below ``floor`` raised
+    to it, repeating a seeded block of 64K values.
+
+    Dense kernels do not care that values repeat, and a tensor then costs one
+    allocation of its own size: drawing every value in float64 and fixing it up
+    allocated five times that in temporaries, and on a VM whose fresh pages are
+    slow to fault in, zeroing those pages was half of a worker's session set-up.
+    """
+    block = rng.uniform(low, high, size=min(n, _BLOCK)).astype(np.float32)
+    if floor > 0:
+        small = np.abs(block) < floor
+        block[small] = np.copysign(np.float32(floor), block[small])
+    return np.resize(block, n) if n > _BLOCK else block
 
 
 def synthesize(ttype: TensorType, rng: np.random.Generator, *, op_type: str = "", slot: int = -1) -> np.ndarray:
@@ -107,9 +123,7 @@ def synthesize(ttype: TensorType, rng: np.random.Generator, *, op_type: str = ""
         low = -high
     else:
         low, high = -0.1, 0.1
-    block = rng.uniform(low, high, size=min(n, _BLOCK)).astype(np.float32)
-    values = np.resize(block, n) if n > _BLOCK else block
-    return values.reshape(shape).astype(dtype, copy=False)
+    return repeating_uniform(rng, n, low, high).reshape(shape).astype(dtype, copy=False)
 
 
 def _value_info(name: str, ttype: TensorType) -> onnx.ValueInfoProto:

@@ -206,7 +206,8 @@ def make_inputs(
     """Synthesise seeded, dtype-correct inputs for a model.
 
     Floats are uniform in [-1, 1] with magnitudes below 1e-3 raised to 1e-3, so no
-    value is subnormal even in float16. Booleans are fair coin flips. Integers must
+    value is subnormal even in float16; they repeat a seeded block of 64K values, as
+    synthetic weights do (:func:`dlbricks.bricks.repeating_uniform`). Booleans are fair coin flips. Integers must
     often index something, so they are non-negative and bounded: by ``int_bounds``
     when given (values in ``[0, bound)``), else by what the graph shows (Gather's
     indexed axis, TopK's axis for k...; needs a model, not a session), else by the
@@ -226,6 +227,8 @@ def make_inputs(
     Raises:
         DlbricksError: the model cannot be read or an input type is unsupported.
     """
+    from dlbricks.bricks import repeating_uniform
+
     int_bounds = dict(int_bounds or {})
     proto = None
     if _is_session(source):
@@ -246,10 +249,9 @@ def make_inputs(
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, pos])
         kind = spec.dtype.kind
         if kind == "f":
-            x = rng.uniform(-1.0, 1.0, size=spec.shape)
-            small = np.abs(x) < _FLOAT_FLOOR
-            x[small] = np.copysign(_FLOAT_FLOOR, x[small])
-            out[spec.name] = x.astype(spec.dtype)
+            n = int(np.prod(spec.shape, dtype=np.int64))
+            x = repeating_uniform(rng, n, -1.0, 1.0, floor=_FLOAT_FLOOR).reshape(spec.shape)
+            out[spec.name] = x.astype(spec.dtype, copy=False)
         elif kind == "b":
             out[spec.name] = rng.random(size=spec.shape) < 0.5
         elif kind in "iu":

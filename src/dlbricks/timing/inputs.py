@@ -207,8 +207,9 @@ def make_inputs(
 
     Floats are uniform in [-1, 1] with magnitudes below 1e-3 raised to 1e-3, so no
     value is subnormal even in float16; they repeat a seeded block of 64K values, as
-    synthetic weights do (:func:`dlbricks.bricks.repeating_uniform`). Booleans are fair coin flips. Integers must
-    often index something, so they are non-negative and bounded: by ``int_bounds``
+    synthetic weights do (:func:`dlbricks.bricks.repeating_uniform`). Booleans are
+    fair coin flips. Integers must often index something, so they are non-negative
+    and bounded: by ``int_bounds``
     when given (values in ``[0, bound)``), else by what the graph shows (Gather's
     indexed axis, TopK's axis for k...; needs a model, not a session), else by the
     smallest static dimension of any input or initializer (valid for every axis).

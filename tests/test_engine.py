@@ -319,6 +319,16 @@ def test_a_cold_session_alone_in_its_rounds_reads_its_weights_from_memory():
     assert medians["cold"] > 1.5 * medians["warm"], medians
 
 
+def test_a_warm_session_gets_a_discarded_run_when_it_is_short_or_its_weights_fit_the_last_level_cache():
+    from dlbricks.timing.engine_worker import _EVICTION_CACHE_MULTIPLE, restores_warm_state
+
+    llc = 32 << 20
+    evict = _EVICTION_CACHE_MULTIPLE * llc
+    assert restores_warm_state(1e-5, 1 << 30, 1e-3, evict)  # shorter than a burst, whatever its size
+    assert restores_warm_state(1.0, llc, 1e-3, evict)  # long, but its weights fit the last-level cache
+    assert not restores_warm_state(1.0, llc + 1, 1e-3, evict)  # long and larger: it evicts itself anyway
+
+
 def test_a_warm_session_longer_than_a_burst_is_warm_if_its_weights_fit_the_last_level_cache():
     # A whole model is a warm loop, as a user times it. Its runs come after the previous
     # round's cold passes, which evict everything; a session whose weights fit the
@@ -336,8 +346,11 @@ def test_a_warm_session_longer_than_a_burst_is_warm_if_its_weights_fit_the_last_
     # Fastest runs, not medians: other tenants of a shared last-level cache only ever
     # slow a run (in one CI run the warm model's last rounds ran as slowly as the cold
     # brick's), and the fastest warm run shows whether its weights were there to read.
+    # The margin is small on some hosts: on a 2-core EPYC slice (32 MiB L3 shared with
+    # other tenants) the run after the discarded one ran 0.74-0.81x the cold brick's,
+    # and a warm loop 0.4x; without the discarded run both are cold (about 1x).
     model, brick = (float(np.min(out[k].times_ns)) for k in ("model", "brick"))
-    assert model < 0.75 * brick, (out["model"].times_ns, out["brick"].times_ns)
+    assert model < 0.9 * brick, (out["model"].times_ns, out["brick"].times_ns)
 
 @pytest.mark.parametrize("cache_state", ["warm", "cold", "auto"])
 def test_real_workers_measure_sessions_from_bytes(cache_state):

@@ -106,6 +106,17 @@ def _refresher_model() -> bytes:
     return model.SerializeToString()
 
 
+def restores_warm_state(run_s: float, nbytes: int, burst_s: float, eviction_nbytes: int) -> bool:
+    """Whether a warm session gets a discarded run before its timed ones in a round.
+
+    The run restores the session's own working set in the caches, as a warm loop has
+    it (the previous round's cold passes evicted it): a short run's, and a long one's
+    whose weights fit the last-level cache. A long run that outgrows the caches evicts
+    its own first layers with its last ones anyway, so a discarded run would only cost.
+    ``eviction_nbytes`` (:func:`eviction_bytes`) is a multiple of the last-level cache."""
+    return run_s < burst_s or nbytes <= eviction_nbytes // _EVICTION_CACHE_MULTIPLE
+
+
 class _Beacon:
     """The slot of the session being run, in a shared 8-byte file (-1: none)."""
 
@@ -253,12 +264,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 s = sessions[item_id]
                 if warm or config.cache_state == "warm":
                     beacon.set(s.slot)
-                    if s.run_s < config.burst_s or s.nbytes <= evictor.nbytes // _EVICTION_CACHE_MULTIPLE:
-                        # Restores the session's own working set in the caches, as a warm
-                        # loop has it: a short run's, and a long one's whose weights fit the
-                        # last-level cache (the previous round's cold passes evicted it).
-                        # A long run that outgrows the caches evicts its own first layers
-                        # with its last ones anyway, so a discarded run would only cost.
+                    if restores_warm_state(s.run_s, s.nbytes, config.burst_s, evictor.nbytes):
                         s.bound.run()
                     timed_runs(s.bound, k, out=out[item_id], clock=clock)
                 else:

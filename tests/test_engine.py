@@ -389,13 +389,13 @@ def test_real_workers_measure_sessions_from_bytes(cache_state):
         m = results[f"mm{n}"]
         assert isinstance(m, Measurement), m
         assert m.rounds >= 5 and m.stats.median > 0 and m.wall_time_s > 0
-    med = {n: results[f"mm{n}"].stats.median for n in (64, 256, 512)}
     if cache_state == "warm":
+        med = {n: results[f"mm{n}"].stats.median for n in (64, 256, 512)}
         assert med[512] > med[256] > med[64], med
-    else:
-        # A cold run has a floor (its weights and code come from memory): on a 2-core
-        # EPYC slice 64x64 and 256x256 both ran 18-25 us cold, in either order.
-        assert med[512] > med[64], med
+    # Cold runs are not ordered by size on every host: on a 2-core EPYC slice (32 MiB
+    # L3 shared with other tenants) 64x64 and 256x256 weights both ran 18-25 us cold,
+    # and 512x512 ran 52-56 us in most runs but 21-25 us in some (its weights, it seems,
+    # outlived the eviction read there), failing this check in 5 of 11 runs.
     assert summary.measured == 3 and summary.failed == 1
     import glob
 

@@ -27,11 +27,10 @@ class SyntheticWorker:
     ``crash_on`` names an item whose first round kills the worker.
     """
 
-    def __init__(self, config, start_timeout_s, *, rng, speed=lambda r: 1.0, crash_on=(), counts=None, opens=None):
+    def __init__(self, config, start_timeout_s, *, rng, speed=lambda r: 1.0, crash_on=(), counts=None):
         self.rng, self.speed, self.crash_on = rng, speed, set(crash_on)
         self.specs, self.slots, self.next_slot, self.rss, self.round_no = {}, {}, 0, 0, 0
         self.counts = counts if counts is not None else {}
-        self.opens = opens if opens is not None else []
         self._replies = collections.deque()
 
     def send(self, msg):
@@ -39,16 +38,8 @@ class SyntheticWorker:
             return
         op = msg[0]
         if op == "open":
-            _, item_id, spec, _, _, slot, alone = msg
-            self.opens.append((item_id, alone))
+            _, item_id, spec, _, _, slot = msg
             if spec.get("crash_on_open"):
-                self._replies.append(WorkerDied(slot, "crash", "crashed (killed by SIGABRT)"))
-                return
-            if spec.get("crash_on_open_with_another") and not alone:
-                # Opened at once with the session before it: the beacon names both.
-                self._replies.append(WorkerDied(-1, "crash", "crashed (killed by SIGABRT)", (slot - 1, slot)))
-                return
-            if spec.get("crash_on_open_with_another"):
                 self._replies.append(WorkerDied(slot, "crash", "crashed (killed by SIGABRT)"))
                 return
             if spec.get("bad"):
@@ -86,7 +77,7 @@ class SyntheticWorker:
         pass
 
 
-def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), references=(), opens=None, **cfg):
+def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), references=(), **cfg):
     rng = np.random.default_rng(seed)
     counts: dict[str, int] = {}
     results: dict[str, Measurement | Failure] = {}
@@ -96,8 +87,7 @@ def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), re
         [Group(name, terms) for name, terms in groups.items()],
         config,
         on_result=lambda it, r: results.__setitem__(it.id, r),
-        worker_factory=lambda c, t: SyntheticWorker(c, t, rng=rng, speed=speed, crash_on=crash_on, counts=counts,
-                                                    opens=opens),
+        worker_factory=lambda c, t: SyntheticWorker(c, t, rng=rng, speed=speed, crash_on=crash_on, counts=counts),
     )
     return results, counts, summary
 
@@ -270,20 +260,6 @@ def test_a_session_that_kills_its_worker_while_opening_fails_alone():
     assert len(results) == 11 and summary.worker_starts >= 2
 
 
-def test_a_crash_among_sessions_opened_together_blames_none_and_reopens_them_one_at_a_time():
-    specs = {f"ok{i}": {"ns": 1e5, "cv": 0.02} for i in range(3)}
-    specs["boom"] = {"crash_on_open_with_another": True}
-    specs.update({f"late{i}": {"ns": 1e5, "cv": 0.02} for i in range(3)})
-    opens: list[tuple[str, bool]] = []
-    results, _, summary = run_synthetic(specs, {}, opens=opens)
-    assert isinstance(results["boom"], Failure) and results["boom"].reason == "crash"
-    assert all(isinstance(r, Measurement) for k, r in results.items() if k != "boom")
-    assert len(results) == 7 and summary.failed == 1
-    # The first crash named two sessions; the second, with boom opened alone, one.
-    assert ("boom", False) in opens and ("boom", True) in opens
-    assert summary.worker_starts >= 3
-
-
 def test_a_session_that_cannot_open_is_a_failure_with_the_reason():
     results, _, _ = run_synthetic({"bad": {"bad": True}, "ok": {"ns": 1e5, "cv": 0.02}}, {})
     assert isinstance(results["bad"], Failure) and "bad" in results["bad"].error
@@ -400,39 +376,6 @@ def test_real_workers_measure_sessions_from_bytes(cache_state):
     import glob
 
     assert not glob.glob("/dev/shm/dlbricks-model-*")  # spool files are removed
-
-
-def test_a_worker_opens_one_session_per_core_at_once_unless_pool_threads_own_its_cores():
-    import os
-
-    from dlbricks.timing.engine_worker import BEACON_LANES, opening_lanes
-
-    assert opening_lanes(RunnerConfig()) == max(1, min(BEACON_LANES, len(os.sched_getaffinity(0))))
-    assert opening_lanes(RunnerConfig(intra_op_threads=2)) == 1
-
-
-def test_a_dead_worker_names_its_session_only_when_one_lane_was_running():
-    import struct
-
-    from dlbricks.timing.engine_process import WorkerProcess
-    from dlbricks.timing.engine_worker import BEACON_LANES
-
-    wk = WorkerProcess(RunnerConfig(), 60.0)
-    try:
-        def lanes(*slots):
-            with open(wk._beacon_path, "r+b") as f:
-                f.write(struct.pack(f"<{BEACON_LANES}q", *slots, *([-1] * (BEACON_LANES - len(slots)))))
-
-        lanes()
-        assert wk.beacon() == () and wk._died("crash", "x").slot == -1
-        lanes(-1, 7)
-        died = wk._died("crash", "x")
-        assert (died.slot, died.suspects) == (7, (7,))
-        lanes(3, 5)
-        died = wk._died("timeout", "x")
-        assert (died.slot, died.suspects) == (-1, (3, 5))  # two sessions opened at once: neither is blamed
-    finally:
-        wk.stop()
 
 
 def test_a_worker_killed_between_rounds_is_replaced_and_its_sessions_reopened():

@@ -26,9 +26,7 @@ Isolation. Sessions live in long-lived worker processes
 :mod:`dlbricks.timing.engine_process`). A session that crashes or hangs its worker is
 recorded as failed (the worker says which through a shared beacon), the worker is
 replaced, its other sessions are reopened, and the run goes on: a killed worker loses
-at most its current round. A worker opens one session per core at once (opening is
-most of a first run's wall-clock); a crash among sessions opened together blames none
-of them, and they are opened again one at a time. Results are handed to ``on_result`` as soon as they are
+at most its current round. Results are handed to ``on_result`` as soon as they are
 final (every group they feed has reached its precision, or the rounds ran out).
 """
 
@@ -64,9 +62,8 @@ _PRIOR_CV = 0.05
 _ROUND_SLACK = 20.0
 _LEVEL = 0.95
 #: Open requests in flight per worker: enough to overlap generation here with session
-#: building there, in each of the worker's lanes (it opens one session per core at
-#: once), few enough that a crash re-sends little.
-_OPEN_AHEAD = 4
+#: building there, few enough that a crash re-sends little.
+_OPEN_AHEAD = 3
 #: Iteration times a checkpoint keeps per result (the per-round medians are kept whole).
 _CHECKPOINT_TIMES = 128
 #: The least time between two progress reports while sessions are being opened.
@@ -598,13 +595,10 @@ class _Engine:
             track.timed_warm = source_nbytes(source) <= self.l2_bytes
         return source, dict(bounds) if bounds else None
 
-    def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False,
-                  alone: bool = False) -> list[_Track]:
+    def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False) -> list[_Track]:
         """Open sessions, keeping a few requests in flight per worker so that the next
-        brick is generated here while the worker builds and warms up the current ones.
-        Stops sending once ``stop()`` says so; returns the tracks not sent. ``alone``:
-        the worker opens them one at a time (after a crash among sessions it opened
-        together, so that a second crash names its session)."""
+        brick is generated here while the worker builds and warms up the current one.
+        Stops sending once ``stop()`` says so; returns the tracks not sent."""
         queue = list(tracks)
         inflight: dict[int, list[tuple[_Track, float]]] = {}
         t_start = time.perf_counter()
@@ -623,7 +617,7 @@ class _Engine:
                 wk.next_slot += 1
                 wk.slots[slot] = t.item.id
                 t.info = {"slot": slot}
-                wk.send(("open", t.item.id, prepared[0], prepared[1], t.item.seed, slot, alone))
+                wk.send(("open", t.item.id, prepared[0], prepared[1], t.item.seed, slot))
                 inflight.setdefault(t.worker, []).append((t, time.perf_counter()))
             busy = [w for w, v in inflight.items() if v]
             if not busy:
@@ -632,7 +626,7 @@ class _Engine:
                 continue
             w = busy[0]
             t, t_sent = inflight[w].pop(0)
-            self.receive_open(w, t, t_sent, inflight, alone)
+            self.receive_open(w, t, t_sent, inflight)
             now = time.perf_counter()
             self.open_wall_s += now - t_start
             t_start = now
@@ -640,28 +634,20 @@ class _Engine:
             self.report("opening", len(queue) + sum(len(v) for v in inflight.values()))
         return queue
 
-    def receive_open(self, w: int, t: _Track, t_sent: float, inflight: dict[int, list[tuple[_Track, float]]],
-                     alone: bool = False) -> None:
+    def receive_open(self, w: int, t: _Track, t_sent: float, inflight: dict[int, list[tuple[_Track, float]]]) -> None:
         wk = self.worker(w)
         label = t.item.label or t.item.id
         try:
             msg = wk.reply(self.config.timeout_s, f"opening {label}")
         except WorkerDied as exc:
             self.workers[w] = None
-            in_flight = [t] + [x for x, _ in inflight.pop(w, [])]
-            if len(exc.suspects) > 1:
-                # Sessions opened together: none is blamed; they are opened again one
-                # at a time, so that the one that crashes does so alone.
-                self.reopen(w)
-                self.open_many(in_flight, alone=True)
-                return
             culprit = wk.slots.get(exc.slot, t.item.id)
             ct = self.tracks[culprit]
             self.fail(ct, exc.reason, f"{ct.item.label or ct.item.id}: worker {exc.detail}", time.perf_counter() - t_sent)
             # Whatever else was in flight on that worker is opened again in a fresh one.
-            again = [x for x in in_flight if x is not ct]
+            again = [x for x, _ in inflight.pop(w, []) if x is not ct] + ([t] if t is not ct else [])
             self.reopen(w)
-            self.open_many(again, alone=alone)
+            self.open_many(again)
             return
         if msg[0] == "failed":
             self.fail(t, "error", f"{label}: {msg[2]}", time.perf_counter() - t_sent)

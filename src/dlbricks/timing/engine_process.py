@@ -20,7 +20,6 @@ from typing import Any
 
 from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
-from dlbricks.timing.engine_worker import BEACON_LANES
 from dlbricks.timing.workers import describe_exit
 
 __all__ = ["WorkerDied", "WorkerProcess", "spool_dir", "worker_env"]
@@ -50,18 +49,11 @@ def worker_env(config: RunnerConfig) -> dict[str, str]:
 
 
 class WorkerDied(Exception):
-    """A worker died or hung.
+    """A worker died or hung; ``slot`` is the session it was running (-1: none)."""
 
-    Attributes:
-        slot: the session it was running, or -1 when that is not known: none was, or
-            more than one (sessions opened at once, all of them in ``suspects``).
-        suspects: the slots of every session it was running (empty: none).
-    """
-
-    def __init__(self, slot: int, reason: str, detail: str, suspects: tuple[int, ...] | None = None) -> None:
+    def __init__(self, slot: int, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.slot, self.reason, self.detail = slot, reason, detail
-        self.suspects = suspects if suspects is not None else ((slot,) if slot >= 0 else ())
 
 
 class WorkerProcess:
@@ -69,7 +61,7 @@ class WorkerProcess:
 
     def __init__(self, config: RunnerConfig, start_timeout_s: float) -> None:
         fd, self._beacon_path = tempfile.mkstemp(prefix="dlbricks-beacon-")
-        os.write(fd, struct.pack(f"<{BEACON_LANES}q", *([-1] * BEACON_LANES)))
+        os.write(fd, struct.pack("<q", -1))
         os.close(fd)
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
@@ -100,18 +92,12 @@ class WorkerProcess:
             self.kill()
             raise DlbricksError(f"measurement worker {exc.detail}") from None
 
-    def beacon(self) -> tuple[int, ...]:
-        """The slots of the sessions the worker's lanes are running."""
+    def beacon(self) -> int:
         try:
             with open(self._beacon_path, "rb") as f:
-                lanes = struct.unpack(f"<{BEACON_LANES}q", f.read(8 * BEACON_LANES))
+                return int(struct.unpack("<q", f.read(8))[0])
         except (OSError, struct.error):
-            return ()
-        return tuple(int(x) for x in lanes if x >= 0)
-
-    def _died(self, reason: str, detail: str) -> WorkerDied:
-        suspects = self.beacon()
-        return WorkerDied(suspects[0] if len(suspects) == 1 else -1, reason, detail, suspects)
+            return -1
 
     def reply(self, timeout_s: float, doing: str) -> Any:
         """The worker's next message, or :class:`WorkerDied` naming the culprit slot."""
@@ -120,16 +106,16 @@ class WorkerProcess:
         except (OSError, EOFError):
             ready = True
         if not ready:
-            died = self._died("timeout", f"timed out after {timeout_s:.0f} s while {doing}")
+            slot = self.beacon()
             self.kill()
-            raise died
+            raise WorkerDied(slot, "timeout", f"timed out after {timeout_s:.0f} s while {doing}")
         try:
             return self.rx.recv()
         except (EOFError, OSError):
+            slot = self.beacon()
             code = self.proc.wait(5.0)
-            died = self._died("crash", f"crashed while {doing} ({describe_exit(code)})")
             self.kill()
-            raise died from None
+            raise WorkerDied(slot, "crash", f"crashed while {doing} ({describe_exit(code)})") from None
 
     def send(self, msg: Any) -> None:
         if msg and msg[0] == "open" and isinstance(msg[2], bytes) and len(msg[2]) > _SPOOL_BYTES:

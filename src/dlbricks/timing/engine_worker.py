@@ -8,22 +8,17 @@ re-imports the parent's main module; this does not).
 Protocol (pickled tuples over a pipe, one reply per request):
 
 - ``("config", config_dict)`` -> ``("ready", pid)``: pin this process, keep the config.
-- ``("open", id, source, int_bounds, seed, slot, alone)`` -> ``("opened", id, info)``
-  or ``("failed", id, message)``: create and bind a session (``source`` is serialized
-  model bytes or a path), warm it up until its run time settles. Opening is most of
-  a first run's wall-clock and a session's creation leaves the interpreter lock to
-  onnxruntime, so the worker opens as many sessions at once as it has cores to run on
-  (its *lanes*), unless ``alone``; replies still come in request order, and every
-  opened session is ready before the next request of another kind is handled.
+- ``("open", id, source, int_bounds, seed, slot)`` -> ``("opened", id, info)`` or
+  ``("failed", id, message)``: create and bind a session (``source`` is serialized
+  model bytes or a path), warm it up until its run time settles.
 - ``("round", [(id, k, warm), ...])`` -> ``("round", {id: [ns, ...]}, wall_s)``: give
   every listed session ``k`` timed runs, in the order the cache state asks for.
 - ``("close", [id, ...])`` -> ``("closed", rss_bytes)``.
 - ``None`` or end of file: exit.
 
-Before touching a session the worker writes its slot number into its lane of the
-*beacon*, a small shared file, so that the parent can tell which session was running
-when the worker crashed or hung, without a message per run (with two sessions being
-opened at once it knows the two, and opens them again one at a time).
+Before touching a session the worker writes its slot number into the *beacon*, a
+small shared file, so that the parent can tell which session was running when the
+worker crashed or hung, without a message per run.
 """
 
 from __future__ import annotations
@@ -34,7 +29,6 @@ import os
 import signal
 import struct
 import sys
-import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -123,49 +117,18 @@ def restores_warm_state(run_s: float, nbytes: int, burst_s: float, eviction_nbyt
     return run_s < burst_s or nbytes <= eviction_nbytes // _EVICTION_CACHE_MULTIPLE
 
 
-#: Lanes a beacon has room for: sessions a worker opens at once, at most.
-BEACON_LANES = 8
-
-
 class _Beacon:
-    """The slot of the session each lane is running, in a shared file of
-    :data:`BEACON_LANES` little-endian int64 (-1: none). Rounds run in lane 0."""
+    """The slot of the session being run, in a shared 8-byte file (-1: none)."""
 
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR)
         try:
-            self._map = mmap.mmap(fd, 8 * BEACON_LANES)
+            self._map = mmap.mmap(fd, 8)
         finally:
             os.close(fd)
 
-    def set(self, slot: int, lane: int = 0) -> None:
-        struct.pack_into("<q", self._map, 8 * lane, slot)
-
-
-def _one_malloc_arena() -> None:
-    """Make glibc's malloc serve every thread from the main arena (``M_ARENA_MAX`` 1).
-
-    Sessions opened on pool threads would otherwise get their weights, arenas and
-    bound buffers from per-thread arenas, mapped apart from the main heap (and outside
-    the huge pages ``RunnerConfig.huge_pages`` asks for): the same brick would sit in
-    memory differently depending on the lane that opened it. Set before any pool
-    thread exists; nothing outside glibc."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallopt(ctypes.c_int(-8), ctypes.c_int(1))  # M_ARENA_MAX (malloc.h)
-    except (OSError, AttributeError):
-        pass
-
-
-def opening_lanes(config: Any) -> int:
-    """Sessions a worker opens at once: one per core it may run on (after pinning),
-    at most :data:`BEACON_LANES`; one when onnxruntime's pool threads own its cores."""
-    if config.intra_op_threads != 1 or not hasattr(os, "sched_getaffinity"):
-        return 1
-    return max(1, min(BEACON_LANES, len(os.sched_getaffinity(0))))
+    def set(self, slot: int) -> None:
+        struct.pack_into("<q", self._map, 0, slot)
 
 
 class _Session:
@@ -242,13 +205,6 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     import onnxruntime  # noqa: F401  (paid before "ready", so on no session's clock)
 
     fenv = FloatEnv()
-    # Every session of a worker shares one flush mode; sessions opened in other lanes
-    # set it on their own threads, so rounds (on this one) get it here.
-    fenv.set_flush(config.denormals_as_zero)
-    lanes = opening_lanes(config)
-    if lanes > 1:
-        _one_malloc_arena()
-    lane_of = threading.local()
     clock = time.thread_time_ns if config.measure_clock() == "thread" else time.perf_counter_ns
     sessions: dict[str, _Session] = {}
     refresher: list[Any] = []
@@ -263,9 +219,8 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     def handle(msg: tuple[Any, ...]) -> tuple[Any, ...]:
         op = msg[0]
         if op == "open":
-            _, item_id, source, int_bounds, seed, slot = msg[:6]
-            lane = getattr(lane_of, "lane", 0)
-            beacon.set(slot, lane)
+            _, item_id, source, int_bounds, seed, slot = msg
+            beacon.set(slot)
             t0 = time.perf_counter()
             spool = None
             if isinstance(source, tuple) and source[:1] == ("spool",):
@@ -296,7 +251,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 text = str(exc) if isinstance(exc, DlbricksError) else f"{type(exc).__name__}: {exc}"
                 return ("failed", item_id, text.splitlines()[0] if text else type(exc).__name__)
             finally:
-                beacon.set(-1, lane)
+                beacon.set(-1)
                 if spool is not None:
                     with contextlib.suppress(OSError):
                         os.unlink(spool)
@@ -335,58 +290,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
         else:  # pragma: no cover - protocol error
             return ("error", f"unknown request {op!r}")
 
-    if lanes == 1:
-        serve_requests(conn, handle)
-    else:
-        _serve_in_lanes(conn, handle, lanes, lane_of)
-
-
-def _serve_in_lanes(conn: Any, handle: Callable[[Any], tuple[Any, ...]], lanes: int, lane_of: Any) -> None:
-    """:func:`dlbricks.timing.workers.serve`, with "open" requests handled ``lanes`` at a
-    time on pool threads (each its own beacon lane) and their replies sent in request
-    order by a replying thread; any other request waits until every open has replied."""
-    import itertools
-    import queue
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    numbers = itertools.count()
-
-    def name_lane() -> None:
-        lane_of.lane = next(numbers)
-
-    pending: queue.Queue[Future[Any] | None] = queue.Queue()
-
-    def send_replies() -> None:
-        while True:
-            fut = pending.get()
-            try:
-                if fut is None:
-                    return
-                conn.send(fut.result())  # handle() turns a session's errors into its reply
-            except BaseException:  # as in serve: what handle() raises ends the worker
-                os._exit(70)
-            finally:
-                pending.task_done()
-
-    replier = threading.Thread(target=send_replies, name="dlbricks-worker-replies", daemon=True)
-    with ThreadPoolExecutor(lanes, thread_name_prefix="dlbricks-open", initializer=name_lane) as pool:
-        replier.start()
-        conn.send(("ready", os.getpid()))
-        while True:
-            try:
-                msg = conn.recv()
-            except EOFError:
-                break
-            if msg is None:
-                break
-            if msg[0] == "open" and not (len(msg) > 6 and msg[6]):
-                pending.put(pool.submit(handle, msg))
-                continue
-            pending.join()  # every session opened so far is ready, its reply sent
-            conn.send(handle(msg))
-        pending.join()
-        pending.put(None)
-        replier.join()
+    serve_requests(conn, handle)
 
 
 def main(argv: list[str]) -> int:

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlbricks.timing import RunnerConfig
-from dlbricks.timing.engine import EngineItem, Group, WorkerDied, measure, t_quantile
+from dlbricks.timing.engine import EngineItem, Group, WorkerDied, measure, runs_per_burst, t_quantile
 from dlbricks.timing.runner import Failure, Measurement
 
 
@@ -31,6 +31,7 @@ class SyntheticWorker:
         self.rng, self.speed, self.crash_on = rng, speed, set(crash_on)
         self.specs, self.slots, self.next_slot, self.rss, self.round_no = {}, {}, 0, 0, 0
         self.counts = counts if counts is not None else {}
+        self.bursts: dict[str, list[int]] = {}  # runs per round, per item
         self._replies = collections.deque()
 
     def send(self, msg):
@@ -55,9 +56,14 @@ class SyntheticWorker:
                 if item_id in self.crash_on:
                     self._replies.append(WorkerDied(slot, "crash", "crashed (killed by SIGSEGV)"))
                     return
+                # "burst_cv": a factor shared by the runs of one burst (the machine's
+                # state in it), drawn afresh for every burst.
                 noise = self.rng.lognormal(0.0, spec["cv"], size=k)
+                if spec.get("burst_cv"):
+                    noise *= self.rng.lognormal(0.0, spec["burst_cv"])
                 out[item_id] = [int(spec["ns"] * f * x) for x in noise]
                 self.counts[item_id] = self.counts.get(item_id, 0) + k
+                self.bursts.setdefault(item_id, []).append(k)
             self.round_no += 1
             wall = sum(sum(v) for v in out.values()) * 1e-9
             self._replies.append(("round", out, wall))
@@ -120,6 +126,43 @@ def test_a_negligible_brick_gets_few_runs():
     _, counts, _ = run_synthetic(specs, {"m": {"big": 1.0, "tiny": 1.0}}, precision=0.005)
     # One run a round, to stay interleaved with the rest: well under 1% of the time.
     assert counts["tiny"] * 1e4 < 0.01 * counts["big"] * 1e7
+
+
+def test_runs_per_burst_is_cochrans_optimum_and_unbounded_without_variance_between_bursts():
+    assert runs_per_burst(0.0, 0.01, 1e-5, 1e-5) == math.inf
+    assert runs_per_burst(0.01, 0.01, 1e-5, 1e-5) == pytest.approx(1.0)
+    assert runs_per_burst(0.01, 0.04, 1e-5, 1e-5) == pytest.approx(2.0)
+    assert runs_per_burst(0.01, 0.01, 1e-6, 1e-4) == pytest.approx(10.0)
+    # The optimum: variance times cost is least there.
+    def cost(k, between=0.02, within=0.05, run_s=2e-6, fixed_s=3e-5):
+        return (between + within / k) * (fixed_s + k * run_s)
+    best = runs_per_burst(0.02, 0.05, 2e-6, 3e-5)
+    assert cost(best) <= min(cost(best * 0.7), cost(best * 1.4))
+
+
+def test_bursts_are_short_when_the_machine_changes_between_them_and_intervals_stay_honest():
+    # The same brick, its runs varying by 5% within a burst, with and without a 20%
+    # change from burst to burst: more runs per burst only pay for the former.
+    def bursts(spec, seed):
+        workers = []
+        results: dict = {}
+
+        def factory(c, t):
+            workers.append(SyntheticWorker(c, t, rng=np.random.default_rng(seed)))
+            return workers[-1]
+
+        measure([EngineItem("b", spec)], [Group("m", {"b": 1.0})], RunnerConfig(precision=0.002, max_rounds=30),
+                on_result=lambda it, r: results.__setitem__(it.id, r), worker_factory=factory)
+        return results["b"], workers[0].bursts["b"]
+
+    _, calm = bursts({"ns": 1e4, "cv": 0.05}, 0)
+    assert len(calm) < 30 and max(calm[3:]) >= 100  # converged; bursts as long as the allocation asks
+    covered = 0
+    for seed in range(8):
+        result, noisy = bursts({"ns": 1e4, "cv": 0.05, "burst_cv": 0.2}, seed)
+        assert len(noisy) == 30 and np.median(noisy[6:]) <= 5
+        covered += abs(result.stats.median - 1e4) <= 1.96 * result.median_se_ns
+    assert covered >= 6
 
 
 def test_model_intervals_meet_the_requested_precision_and_cover_the_truth():

@@ -21,6 +21,14 @@ every model it is in needs few runs; one used 72 times needs many. Each item get
 largest count any of its groups asks for. Whole models measured as references are
 groups of one item under the same rule.
 
+Why not longer bursts. Those counts assume independent runs, and on a shared host
+runs are not: a burst's runs share the state of the machine in that burst, and the
+next burst finds another. Each session's spread is split into what varies between
+bursts and what varies within one (:meth:`_Track.variance_components`), and a burst
+gets no more runs than buy precision cheaper than another round would
+(:func:`runs_per_burst`); on a quiet host nothing varies between bursts and the
+allocation alone sets them.
+
 Isolation. Sessions live in long-lived worker processes
 (:mod:`dlbricks.timing.engine_worker`, started and watched through
 :mod:`dlbricks.timing.engine_process`). A session that crashes or hangs its worker is
@@ -68,6 +76,16 @@ _OPEN_AHEAD = 3
 _CHECKPOINT_TIMES = 128
 #: The least time between two progress reports while sessions are being opened.
 _OPENING_REPORT_S = 0.5
+#: Runs a burst needs to say how runs vary within it; also the fewest runs per round
+#: once that is known (so that it stays known).
+_MIN_BURST_RUNS = 3
+#: Within-burst variances kept per session (the latest ones).
+_KEEP_BURST_VARS = 16
+#: Rounds of this run before a session's spread is split into between and within bursts.
+_MIN_SPLIT_ROUNDS = 4
+#: The least a round costs a session besides its runs (the worker's bookkeeping and
+#: the parent's), when the measured overhead per session is smaller.
+_ITEM_ROUND_S = 20e-6
 
 
 @dataclass
@@ -183,6 +201,11 @@ class _Track:
     needed_s: float | None = None
     #: Timed as a warm loop (the item says so, or cache_state "auto" decided it).
     timed_warm: bool = False
+    #: Runs in each of this run's rounds (parallel to ``round_nos``).
+    round_ks: list[int] = field(default_factory=list)
+    #: The relative variance of single runs within a burst, one per round of at least
+    #: ``_MIN_BURST_RUNS`` runs (the latest ``_KEEP_BURST_VARS``).
+    burst_vars: list[float] = field(default_factory=list)
     _cache: tuple[tuple[int, int], tuple[float, float]] | None = field(default=None, repr=False)
 
     @property
@@ -215,6 +238,30 @@ class _Track:
 
     def df(self) -> float:
         return max(1, len(self.round_medians) - 1)
+
+    def variance_components(self) -> tuple[float, float] | None:
+        """(between, within): the relative variance of a round's median that no number
+        of runs in the burst removes (the state of the machine in that burst), and the
+        relative variance of one run within a burst; None until
+        ``_MIN_SPLIT_ROUNDS`` rounds of this run and two bursts of several runs say.
+
+        A round's median varies by ``between + (pi / 2) within / k`` (a median of ``k``
+        runs); the first is what the rounds' spread holds beyond the second."""
+        r = len(self.round_nos)
+        if r < _MIN_SPLIT_ROUNDS or len(self.burst_vars) < 2:
+            return None
+        meds = self.round_medians[-r:]
+        m = statistics.median(meds)
+        if m <= 0:
+            return None
+        observed = (1.4826 * statistics.median(abs(x / m - 1.0) for x in meds)) ** 2
+        within = statistics.median(self.burst_vars)
+        expected = math.pi / 2 * within * sum(1.0 / max(1, k) for k in self.round_ks[-r:]) / r
+        # Counted only when the rounds vary more than the runs plausibly make them (as
+        # in :func:`_common_round_var`): independent runs must not shorten bursts by chance.
+        if observed <= expected * (1.0 + 3.0 * math.sqrt(2.0 / (r - 1))):
+            return 0.0, within
+        return observed - expected, within
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the per-round medians, a sample of the times, costs."""
@@ -372,6 +419,23 @@ def _common_round_var(g: Group, tracks: Mapping[str, _Track], mu: float) -> floa
         return 0.0
     covariance = together - separate
     return covariance * _persistence(list(total)) ** 2 * mu * mu / n
+
+
+def runs_per_burst(between: float, within: float, run_s: float, fixed_s: float) -> float:
+    """The runs per round that buy a precise median for the least time, for a session
+    whose round medians vary by ``between`` whatever the burst (relative variance) and
+    whose runs vary by ``within`` inside a burst; ``run_s`` is what one more run costs,
+    ``fixed_s`` what a round costs the session besides its timed runs.
+
+    Rounds are the samples that count on a host whose speed changes from burst to
+    burst: on a shared 2-core VM the median of a 20 ms burst of a MatMul (263 runs)
+    varied by 17% from burst to burst, one run by 21%. Per round the variance is
+    ``between + within / k`` at a cost ``fixed + k run``; their product, what a
+    precision costs, is least at ``k = sqrt(within fixed / (between run))`` (Cochran's
+    two-stage optimum). With no variance between bursts, as many as the allocation asks."""
+    if between <= 0:
+        return math.inf
+    return math.sqrt(within * max(fixed_s, 0.0) / (between * max(run_s, 1e-9)))
 
 
 def _allocation(
@@ -671,6 +735,8 @@ class _Engine:
         need = _allocation(self.groups, self.tracks, cfg.precision)
         rounds_left = max(1, cfg.min_rounds - round_no)
         plans: dict[int, list[tuple[str, int, bool]]] = {}
+        live = sum(t.open for t in self.tracks.values())
+        per_item_s = max(_ITEM_ROUND_S, self.round_overhead_s / max(1, live))
         for t in self.tracks.values():
             if not t.open:
                 continue
@@ -680,6 +746,13 @@ class _Engine:
             # few other cold sessions separate its runs): the burst counts it.
             cost_s = run_s if warm else run_s + self.eviction_s
             k_max = max(1, int(cfg.burst_s / cost_s))
+            split = t.variance_components()
+            if split is not None:
+                # A warm session's discarded run, and the round's bookkeeping, are paid
+                # whatever k is.
+                k_best = runs_per_burst(*split, cost_s, (run_s if warm else 0.0) + per_item_s)
+                if k_best < k_max:
+                    k_max = min(k_max, max(_MIN_BURST_RUNS, math.ceil(k_best)))
             want = need.get(t.item.id, 1.0) - len(t.times)
             k = int(min(k_max, max(1, math.ceil(want / rounds_left))))
             plans.setdefault(t.worker, []).append((t.item.id, k, warm))
@@ -715,8 +788,14 @@ class _Engine:
                 if not ts:
                     continue
                 t.times.extend(ts)
-                t.round_medians.append(float(np.median(ts)))
+                med = float(np.median(ts))
+                t.round_medians.append(med)
                 t.round_nos.append(self.rounds_run)
+                t.round_ks.append(len(ts))
+                if len(ts) >= _MIN_BURST_RUNS and med > 0:
+                    mad = float(np.median(np.abs(np.asarray(ts, dtype=np.float64) - med)))
+                    t.burst_vars.append((1.4826 * mad / med) ** 2)
+                    del t.burst_vars[:-_KEEP_BURST_VARS]
                 # The round's real wall time, shared in proportion to timed work, so
                 # the cost includes warm-up runs, input reads and the loop itself.
                 t.sampling_s += wall_s * sum(ts) / total

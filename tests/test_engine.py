@@ -372,6 +372,31 @@ def test_a_warm_session_gets_a_discarded_run_when_it_is_short_or_its_weights_fit
     assert not restores_warm_state(1.0, llc + 1, 1e-3, evict)  # long and larger: it evicts itself anyway
 
 
+def _scripted_runs(times_ns):
+    """A stand-in for timed_runs that 'runs' by handing out the next scripted time."""
+    script = iter(times_ns)
+
+    def timed_runs(bound, k, out, clock):
+        out.extend(next(script) for _ in range(k))
+
+    return timed_runs
+
+
+def test_warm_up_ends_at_the_first_run_within_tolerance_of_the_fastest_before_it():
+    from dlbricks.timing.engine_worker import _WARMUP_MAX_RUNS, _warm_up
+
+    # Settled from the start: two runs (the binding's two came before).
+    assert _warm_up(None, _scripted_runs([1000, 1050, 999]), None) == (2, pytest.approx(1050e-9))
+    # Still getting faster: each run more than 10% below the fastest so far.
+    runs, run_s = _warm_up(None, _scripted_runs([9000, 5000, 2000, 1000, 1020, 1]), None)
+    assert (runs, run_s) == (5, pytest.approx(1020e-9))
+    # A slow run (an interrupt) after a fast one is not steady.
+    assert _warm_up(None, _scripted_runs([1000, 3000, 1080]), None) == (3, pytest.approx(1080e-9))
+    # Never settles (15% faster every run): stops at the run limit.
+    never = [int(1e9 * 0.85**i) for i in range(_WARMUP_MAX_RUNS + 5)]
+    assert _warm_up(None, _scripted_runs(never), None)[0] == _WARMUP_MAX_RUNS
+
+
 def test_a_warm_session_longer_than_a_burst_is_warm_if_its_weights_fit_the_last_level_cache():
     # A whole model is a warm loop, as a user times it. Its runs come after the previous
     # round's cold passes, which evict everything; a session whose weights fit the

@@ -35,11 +35,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-#: Warm-up ends when the latest run is within this fraction of the fastest so far
-#: (first-run allocations and caches are behind it)...
+#: Warm-up ends when the latest run is within this fraction of the fastest before it,
+#: faster or slower (first-run allocations and caches are behind it)...
 _STEADY_TOLERANCE = 0.10
-#: ...for this many consecutive runs,
-_STEADY_RUNS = 2
+#: ...for this many consecutive runs (after the binding's two untimed runs, which take
+#: the first-run allocations: one settled run more says the run time has settled, and
+#: a session's warm-up runs are a fifth of what opening the light corpus costs),
+_STEADY_RUNS = 1
 #: or after this many runs or seconds, whichever comes first. Rounds are robust to a
 #: session that is not quite steady yet: each round weighs the same in its estimate.
 _WARMUP_MAX_RUNS = 20
@@ -180,7 +182,9 @@ def _warm_up(bound: Any, timed_runs: Any, clock: Any) -> tuple[int, float]:
     while len(times) < _WARMUP_MAX_RUNS:
         timed_runs(bound, 1, out=times, clock=clock)
         t = times[-1]
-        if best is not None and t <= best * (1 + _STEADY_TOLERANCE):
+        # Within the tolerance of the fastest earlier run either way: a run much faster
+        # than every one before it says the session is still warming up.
+        if best is not None and abs(t - best) <= best * _STEADY_TOLERANCE:
             steady += 1
         else:
             steady = 0

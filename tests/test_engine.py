@@ -24,11 +24,14 @@ class SyntheticWorker:
     """Answers the worker protocol from item specs ``{"ns": true latency, "cv": noise}``.
 
     ``speed(round_no)`` scales every run of that round (a machine slowing down);
-    ``crash_on`` names an item whose first round kills the worker.
+    ``crash_on`` names an item whose first round kills the worker. With ``phase``
+    (``rng -> factor``), every burst meets a speed of its own, drawn afresh, which its
+    runs follow as ``factor ** spec["slope"]`` (a sum of parts ``[(ns, slope), ...]``
+    for ``spec["parts"]``) and the speed probe, read before it, exactly.
     """
 
-    def __init__(self, config, start_timeout_s, *, rng, speed=lambda r: 1.0, crash_on=(), counts=None):
-        self.rng, self.speed, self.crash_on = rng, speed, set(crash_on)
+    def __init__(self, config, start_timeout_s, *, rng, speed=lambda r: 1.0, crash_on=(), counts=None, phase=None):
+        self.rng, self.speed, self.crash_on, self.phase = rng, speed, set(crash_on), phase
         self.specs, self.slots, self.next_slot, self.rss, self.round_no = {}, {}, 0, 0, 0
         self.counts = counts if counts is not None else {}
         self.bursts: dict[str, list[int]] = {}  # runs per round, per item
@@ -49,7 +52,7 @@ class SyntheticWorker:
             self.specs[item_id] = (spec, slot)
             self._replies.append(("opened", item_id, {"slot": slot, "setup_s": 0.001, "run_s": spec["ns"] * 1e-9, "rss": 0}))
         elif op == "round":
-            out = {}
+            out, probes = {}, {}
             f = self.speed(self.round_no)
             for item_id, k, _ in msg[1]:
                 spec, slot = self.specs[item_id]
@@ -61,12 +64,18 @@ class SyntheticWorker:
                 noise = self.rng.lognormal(0.0, spec["cv"], size=k)
                 if spec.get("burst_cv"):
                     noise *= self.rng.lognormal(0.0, spec["burst_cv"])
-                out[item_id] = [int(spec["ns"] * f * x) for x in noise]
+                if self.phase is None:
+                    out[item_id] = [int(spec["ns"] * f * x) for x in noise]
+                else:
+                    p = self.phase(self.rng)
+                    probes[item_id] = int(1e4 * p)
+                    parts = spec.get("parts", [(spec["ns"], spec.get("slope", 1.0))])
+                    out[item_id] = [int(sum(ns * p ** b for ns, b in parts) * f * x) for x in noise]
                 self.counts[item_id] = self.counts.get(item_id, 0) + k
                 self.bursts.setdefault(item_id, []).append(k)
             self.round_no += 1
             wall = sum(sum(v) for v in out.values()) * 1e-9
-            self._replies.append(("round", out, wall))
+            self._replies.append(("round", out, wall, probes) if probes else ("round", out, wall))
         elif op == "close":
             self._replies.append(("closed", 0))
 
@@ -83,7 +92,7 @@ class SyntheticWorker:
         pass
 
 
-def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), references=(), **cfg):
+def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), references=(), phase=None, **cfg):
     rng = np.random.default_rng(seed)
     counts: dict[str, int] = {}
     results: dict[str, Measurement | Failure] = {}
@@ -93,7 +102,8 @@ def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), re
         [Group(name, terms) for name, terms in groups.items()],
         config,
         on_result=lambda it, r: results.__setitem__(it.id, r),
-        worker_factory=lambda c, t: SyntheticWorker(c, t, rng=rng, speed=speed, crash_on=crash_on, counts=counts),
+        worker_factory=lambda c, t: SyntheticWorker(c, t, rng=rng, speed=speed, crash_on=crash_on, counts=counts,
+                                                    phase=phase),
     )
     return results, counts, summary
 
@@ -214,6 +224,59 @@ def test_a_speed_change_mid_run_leaves_normalized_latency_unchanged():
     slowed = ratio(lambda r: 2.0 if 2 <= r < 5 else 1.0)
     assert steady == pytest.approx(1.0, abs=0.03)
     assert slowed == pytest.approx(steady, abs=0.03)
+
+
+def _two_speeds(rng):
+    # A shared core: most bursts at one speed, two in five 1.5x slower (an SMT
+    # sibling's vector work), each burst's drawn afresh.
+    return 1.5 if rng.random() < 0.4 else 1.0
+
+
+def test_the_speed_probe_takes_the_cores_speed_out_of_every_session():
+    # A compute-bound brick follows the core's speed, a memory-bound one a third as
+    # much, and the whole model is their sum. Read as they come, the few round medians
+    # of a session land in one speed or the other, and the median with them: the
+    # model's latency and its bricks' sum disagree by a quarter, with intervals that
+    # say 1%. Brought to the probe's reference speed, they agree.
+    specs = {"compute": {"ns": 3e5, "cv": 0.01, "slope": 1.0}, "memory": {"ns": 2e5, "cv": 0.01, "slope": 0.3},
+             "model": {"ns": 5e5, "cv": 0.01, "parts": [(3e5, 1.0), (2e5, 0.3)]}}
+    groups = {"recon": {"compute": 1.0, "memory": 1.0}, "e2e": {"model": 1.0}}
+    ratios: dict[bool, list[float]] = {True: [], False: []}
+    for probe in (True, False):
+        for seed in range(6):
+            results, _, _ = run_synthetic(specs, groups, seed=seed, phase=_two_speeds, speed_probe=probe,
+                                          precision=0.01, max_rounds=40)
+            recon = results["compute"].stats.median + results["memory"].stats.median
+            ratios[probe].append(recon / results["model"].stats.median)
+    assert max(abs(r - 1.0) for r in ratios[False]) > 0.1  # the premise
+    assert max(abs(r - 1.0) for r in ratios[True]) < 0.02
+    results, _, _ = run_synthetic(specs, groups, seed=0, phase=_two_speeds)
+    assert results["compute"].speed_slope == pytest.approx(1.0, abs=0.1)
+    assert results["memory"].speed_slope == pytest.approx(0.3, abs=0.1)
+    # The rounds as read are recoverable from what the result keeps.
+    m = results["compute"]
+    raw = [a * (p / m.speed_ref_ns) ** m.speed_slope for a, p in zip(m.round_medians_ns, m.round_probes_ns)]
+    assert max(raw) / min(raw) > 1.3 and max(m.round_medians_ns) / min(m.round_medians_ns) < 1.1
+
+
+def test_speed_readings_bracket_every_burst_and_short_bursts_share_them(monkeypatch):
+    from dlbricks.timing import engine_worker
+
+    values = iter(range(10, 100, 10))
+    readings = engine_worker._SpeedReadings(lambda: next(values))
+    a: list[int] = []
+    b: list[int] = []
+    readings.before(a)  # a reading is taken for the first burst...
+    readings.before(b)  # ...and shared by one starting within the interval
+    readings.take()
+    assert a == b == [10, 20]
+    monkeypatch.setattr(engine_worker, "_PROBE_EVERY_NS", -1)  # a reading before every burst
+    c: list[int] = []
+    d: list[int] = []
+    readings.before(c)
+    readings.before(d)
+    readings.take()
+    assert c == [30, 40] and d == [40, 50]
 
 
 def test_drift_between_rounds_widens_the_interval():
@@ -433,6 +496,9 @@ def test_real_workers_measure_sessions_from_bytes(cache_state):
         m = results[f"mm{n}"]
         assert isinstance(m, Measurement), m
         assert m.rounds >= 5 and m.stats.median > 0 and m.wall_time_s > 0
+        # Every round has its speed reading, and the rounds are brought to one reference.
+        assert len(m.round_probes_ns) == m.rounds and min(m.round_probes_ns) > 0
+        assert m.speed_ref_ns == results["mm64"].speed_ref_ns > 0 and 0.0 <= m.speed_slope <= 1.5
     if cache_state == "warm":
         med = {n: results[f"mm{n}"].stats.median for n in (64, 256, 512)}
         assert med[512] > med[256] > med[64], med

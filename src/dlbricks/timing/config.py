@@ -113,6 +113,12 @@ class RunnerConfig:
             once per brick: it is calibrated on this machine by two probe models
             measured with the bricks (:mod:`dlbricks.timing.calibration`), subtracted
             from every brick and added once. Changes no measurement, so it keys no result.
+        speed_probe: bring every session's round medians to one reference speed of the
+            core, read by a small MatMul timed just before each burst (see
+            :class:`dlbricks.timing.engine._Speed`): on a shared host the core's speed
+            changes by up to 1.5x for seconds at a time, and the sessions of one round
+            meet different speeds. Changes how rounds are weighed, not what is timed,
+            so it keys no result.
     """
 
     intra_op_threads: int = 1
@@ -135,6 +141,7 @@ class RunnerConfig:
     burst_s: float = 0.02
     memory_budget_mb: int = 0
     call_overhead: bool = True
+    speed_probe: bool = True
     clock: str = "auto"
     thread_spinning: bool = False
     huge_pages: bool = True

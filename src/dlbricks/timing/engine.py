@@ -9,7 +9,10 @@ medians is then an honest measure of its uncertainty, drift included, and it is 
 the intervals are built from. The bricks of one round also move *together* (a slow
 phase slows them all), which a model's interval, summing its bricks' errors as
 independent, would miss: what the per-round sums of a model's bricks vary by beyond
-that widens their intervals (:func:`_common_round_var`).
+that widens their intervals (:func:`_common_round_var`). And the core's own speed
+changes faster than a round of a thousand sessions lasts (an SMT sibling's work slows
+compute-bound kernels by 1.5x for a second at a time): a speed probe read around every
+burst brings each session's rounds to one reference speed (:class:`_Speed`).
 
 Why allocation. Users read the precision of a *model's* latency, and a model's
 reconstructed latency is a weighted sum ``sum_b c_b * t_b`` over its bricks (``c_b``
@@ -206,7 +209,19 @@ class _Track:
     #: The relative variance of single runs within a burst, one per round of at least
     #: ``_MIN_BURST_RUNS`` runs (the latest ``_KEEP_BURST_VARS``).
     burst_vars: list[float] = field(default_factory=list)
-    _cache: tuple[tuple[int, int], tuple[float, float]] | None = field(default=None, repr=False)
+    #: The speed probe's reading in each round (parallel to ``round_medians``; 0: none).
+    round_probes: list[float] = field(default_factory=list)
+    #: The run's speed reference, shared by every track (see :class:`_Speed`).
+    speed: _Speed | None = field(default=None, repr=False)
+    _cache: tuple[tuple[int, int, int], tuple[float, float]] | None = field(default=None, repr=False)
+    _adjusted: tuple[tuple[int, int], tuple[list[float], float, float]] | None = field(default=None, repr=False)
+    _sums: tuple[int, _Sums] | None = field(default=None, repr=False)
+
+    def slope_sums(self, ref_ns: float) -> _Sums:
+        """:func:`_slope_sums` of this session's rounds (cached per round)."""
+        if self._sums is None or self._sums[0] != len(self.round_medians):
+            self._sums = (len(self.round_medians), _slope_sums(self.round_medians, self.round_probes, ref_ns))
+        return self._sums[1]
 
     @property
     def median(self) -> float:
@@ -219,20 +234,53 @@ class _Track:
         """Standard error of the latency estimate (ns), from the spread between rounds."""
         return self._estimate()[1]
 
+    def adjusted(self) -> list[float]:
+        """The round medians with the core's speed in each round taken out: what the
+        estimate, its interval and every comparison between rounds are built from."""
+        return self._adjust()[0]
+
+    def slope(self) -> float:
+        """How this session's run time follows the speed probe's (log on log; 0: not at all)."""
+        return self._adjust()[1]
+
+    def _adjust(self) -> tuple[list[float], float, float]:
+        sp = self.speed
+        # A final result's estimate is what was handed out: later rounds of others
+        # move the pooled slope, not it.
+        key = (len(self.round_medians), -2 if self.final else sp.version if sp is not None else -1)
+        if self._adjusted is not None and self._adjusted[0] == key:
+            return self._adjusted[1]
+        meds, slope, extra = self.round_medians, 0.0, 0.0
+        if sp is not None and sp.ref_ns > 0:
+            slope, var = sp.slope_of(self.slope_sums(sp.ref_ns))
+            xs = [math.log(p / sp.ref_ns) for p in self.round_probes if p > 0]
+            if slope > 0:
+                meds = [m * (sp.ref_ns / p) ** slope if p > 0 else m
+                        for m, p in zip(self.round_medians, self.round_probes)]
+            # What the slope's uncertainty adds to the estimate's relative variance: the
+            # typical distance of the rounds' speed from the reference, times it.
+            if xs:
+                extra = (sum(xs) / len(xs)) ** 2 * var
+        self._adjusted = (key, (meds, slope, extra))
+        return meds, slope, extra
+
     def _estimate(self) -> tuple[float, float]:
         # Read for every group each round: computed once per change of the rounds.
-        key = (len(self.round_medians), len(self.times))
+        sp = self.speed
+        key = (len(self.round_medians), len(self.times), -2 if self.final else sp.version if sp is not None else -1)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
-        r = len(self.round_medians)
+        meds = self.adjusted()
+        r = len(meds)
         if r:
-            m = statistics.median(self.round_medians)
+            m = statistics.median(meds)
         else:
             m = float(self.info.get("run_s", 1e-6)) * 1e9
         if r < 3:
             se = _PRIOR_CV * m / math.sqrt(max(1, len(self.times)))
         else:
-            se = _median_se(self.round_medians, m)
+            se = _median_se(meds, m)
+        se = math.sqrt(se * se + self._adjust()[2] * m * m)
         self._cache = (key, (float(m), float(se)))
         return self._cache[1]
 
@@ -250,7 +298,7 @@ class _Track:
         r = len(self.round_nos)
         if r < _MIN_SPLIT_ROUNDS or len(self.burst_vars) < 2:
             return None
-        meds = self.round_medians[-r:]
+        meds = self.adjusted()[-r:]
         m = statistics.median(meds)
         if m <= 0:
             return None
@@ -269,17 +317,101 @@ class _Track:
         if len(times) > _CHECKPOINT_TIMES:
             step = len(times) / _CHECKPOINT_TIMES
             times = [times[int(i * step)] for i in range(_CHECKPOINT_TIMES)]
-        return {"round_medians": self.round_medians, "times": times, "sampling_s": self.sampling_s,
+        return {"round_medians": self.round_medians, "round_probes": self.round_probes, "times": times,
+                "sampling_s": self.sampling_s,
                 "setup_s": self.setup_s, "prep_s": self.item.prep_s, "needed_s": self.needed_s}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.round_medians = [float(x) for x in state.get("round_medians", ())]
+        probes = [float(x) for x in state.get("round_probes", ())]
+        self.round_probes = probes if len(probes) == len(self.round_medians) else [0.0] * len(self.round_medians)
         self.times = [int(x) for x in state.get("times", ())]
         self.sampling_s = float(state.get("sampling_s", 0.0))
         self.setup_s = float(state.get("setup_s", 0.0))
         needed = state.get("needed_s")
         self.needed_s = None if needed is None else float(needed)
         self.item.prep_s += float(state.get("prep_s", 0.0))
+
+
+#: How much sessions' slopes differ (sd): compute-bound kernels follow the probe with
+#: slopes near 1, kernels streaming from memory near 0.3. A session's own fit weighs
+#: against the pooled slope as its precision against this (see :meth:`_Speed.slope_of`).
+_SLOPE_SD = 0.3
+#: The steepest slope believed (a session slowing 1.5 times as fast as the probe).
+_MAX_SLOPE = 1.5
+
+
+_Sums = tuple[float, float, float, int]
+
+
+def _slope_sums(meds: Sequence[float], probes: Sequence[float], ref_ns: float) -> _Sums:
+    """(Sxx, Sxy, Syy, n): the centred sums of squares and products of x = log(probe /
+    ref) and y = log(round median) over the rounds with a reading, each deviation from
+    its median clipped to +/-0.5 (a round hit by an interrupt must not make the slope)."""
+    pts = [(math.log(p / ref_ns), math.log(m)) for m, p in zip(meds, probes) if p > 0 and m > 0]
+    n = len(pts)
+    if n < 2:
+        return 0.0, 0.0, 0.0, n
+    xm = statistics.median(x for x, _ in pts)
+    ym = statistics.median(y for _, y in pts)
+    xs = [min(max(x - xm, -_MAX_DEVIATION), _MAX_DEVIATION) for x, _ in pts]
+    ys = [min(max(y - ym, -_MAX_DEVIATION), _MAX_DEVIATION) for _, y in pts]
+    xb, yb = sum(xs) / n, sum(ys) / n
+    return (sum((x - xb) ** 2 for x in xs), sum((x - xb) * (y - yb) for x, y in zip(xs, ys)),
+            sum((y - yb) ** 2 for y in ys), n)
+
+
+class _Speed:
+    """The speed probe's reference for one engine run, and the slope pooled over it.
+
+    The worker times a small MatMul (:func:`dlbricks.timing.engine_worker._probe_model`)
+    just before every burst. On a shared host the core's speed changes for seconds at a
+    time (an SMT sibling's or a neighbour's vector work), by as much as 1.5x, and a
+    round of a thousand sessions lasts longer than that: the sessions of one round, a
+    whole model and its bricks, meet different speeds, and a median over a few rounds
+    lands in whichever phase most of them met. So every session's round medians are
+    brought to one reference speed, the probe's median reading over the run's first
+    round: a round median ``m`` read with the probe at ``p`` becomes
+    ``m (ref / p)^b``, where ``b`` is how the session follows the probe (log on log),
+    fitted per session by least squares and shrunk toward the slope pooled over all
+    sessions. A compute-bound kernel follows the probe closely (``b`` near 1), one
+    streaming its weights from memory much less; a session whose rounds all met one
+    speed gets the pooled slope, and on a quiet host nothing changes."""
+
+    def __init__(self) -> None:
+        self.ref_ns = 0.0
+        self.slope = 0.0
+        self.version = 0
+
+    def set_reference(self, readings: Sequence[float]) -> None:
+        if self.ref_ns == 0 and readings:
+            self.ref_ns = float(statistics.median(readings))
+
+    def slope_of(self, sums: _Sums) -> tuple[float, float]:
+        """A session's slope and its variance, from its :func:`_slope_sums`: its own
+        least-squares fit and the pooled slope, weighed by their precisions (the fit's:
+        Sxx over its residual variance; the pooled one's: one over ``_SLOPE_SD``
+        squared). A session whose rounds all met one speed gets the pooled slope, with
+        the variance of a slope not known."""
+        sxx, sxy, syy, n = sums
+        if n < 3 or sxx <= 0:
+            return self.slope, _SLOPE_SD**2
+        resid = max((syy - sxy * sxy / sxx) / (n - 2), 1e-6)
+        w = resid / _SLOPE_SD**2
+        return min(max((sxy + w * self.slope) / (sxx + w), 0.0), _MAX_SLOPE), resid / (sxx + w)
+
+    def pool(self, tracks: Sequence[_Track]) -> None:
+        """Refit the pooled slope over ``tracks`` (each with at least 3 readings)."""
+        if self.ref_ns <= 0:
+            return
+        sxx = sxy = 0.0
+        for t in tracks:
+            a, b, _, n = t.slope_sums(self.ref_ns)
+            if n >= 3:
+                sxx, sxy = sxx + a, sxy + b
+        if sxx > 0:
+            self.slope = min(max(sxy / sxx, 0.0), _MAX_SLOPE)
+        self.version += 1
 
 
 def _median_se(values: Sequence[float], m: float) -> float:
@@ -398,7 +530,7 @@ def _common_round_var(g: Group, tracks: Mapping[str, _Track], mu: float) -> floa
             return None
         m = t.median
         dev = {r: min(max(v / m - 1.0, -_MAX_DEVIATION), _MAX_DEVIATION)
-               for r, v in numbered_rounds(t.round_medians, t.round_nos).items()}
+               for r, v in numbered_rounds(t.adjusted(), t.round_nos).items()}
         series.append((c * m / mu, dev))
         common = set(dev) if common is None else common & dev.keys()
         if len(common) < _MIN_COMMON_ROUNDS:
@@ -472,7 +604,7 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_facto
     moved them together (see :func:`_common_round_var`)."""
     times = np.asarray(track.times, dtype=np.int64)
     stats = summarize(times)
-    meds = np.asarray(track.round_medians, dtype=np.float64)
+    meds = np.asarray(track.adjusted(), dtype=np.float64)
     se = track.se() * se_factor
     r = len(meds)
     t = t_quantile(max(1, r - 1))
@@ -518,6 +650,9 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_facto
         io_binding=bool(info.get("io_binding", True)),
         rounds=r,
         round_medians_ns=[float(x) for x in meds],
+        round_probes_ns=list(track.round_probes),
+        speed_slope=track.slope(),
+        speed_ref_ns=track.speed.ref_ns if track.speed is not None else 0.0,
         median_se_ns=se,
         round_nos=list(track.round_nos),
         engine_run=engine_run,
@@ -590,10 +725,11 @@ class _Engine:
         self.worker_configs = _worker_configs(config, jobs)
         self.workers: list[WorkerProcess | None] = [None] * len(self.worker_configs)
         self.tracks: dict[str, _Track] = {}
+        self.speed = _Speed()
         for n, it in enumerate(items):
             if it.id in self.tracks:
                 raise DlbricksError(f"measurement engine: item {it.id!r} given twice")
-            self.tracks[it.id] = _Track(it, n % len(self.worker_configs))
+            self.tracks[it.id] = _Track(it, n % len(self.worker_configs), speed=self.speed)
             if it.resume:
                 self.tracks[it.id].restore(it.resume)
         known = set(self.tracks)
@@ -780,7 +916,8 @@ class _Engine:
                     self.fail(t, exc.reason, f"{t.item.label or t.item.id}: worker {exc.detail}")
                 self.reopen(w)
                 continue
-            _, times, wall_s = msg
+            times, wall_s = msg[1], msg[2]
+            probes: Mapping[str, float] = msg[3] if len(msg) > 3 else {}
             longest = max(longest, wall_s)
             total = sum(sum(v) for v in times.values()) or 1
             for item_id, ts in times.items():
@@ -790,6 +927,7 @@ class _Engine:
                 t.times.extend(ts)
                 med = float(np.median(ts))
                 t.round_medians.append(med)
+                t.round_probes.append(float(probes.get(item_id, 0.0)))
                 t.round_nos.append(self.rounds_run)
                 t.round_ks.append(len(ts))
                 if len(ts) >= _MIN_BURST_RUNS and med > 0:
@@ -799,6 +937,11 @@ class _Engine:
                 # The round's real wall time, shared in proportion to timed work, so
                 # the cost includes warm-up runs, input reads and the loop itself.
                 t.sampling_s += wall_s * sum(ts) / total
+            if self.speed.ref_ns <= 0 and self.config.speed_probe:
+                # The first round's readings, all its sessions' bursts, set the speed
+                # every round is brought to.
+                self.speed.set_reference([float(v) for v in probes.values() if v > 0])
+        self.speed.pool(list(self.tracks.values()))
         return longest
 
     def finalize(self, round_no: int, force: str | None = None) -> None:

@@ -11,8 +11,10 @@ Protocol (pickled tuples over a pipe, one reply per request):
 - ``("open", id, source, int_bounds, seed, slot)`` -> ``("opened", id, info)`` or
   ``("failed", id, message)``: create and bind a session (``source`` is serialized
   model bytes or a path), warm it up until its run time settles.
-- ``("round", [(id, k, warm), ...])`` -> ``("round", {id: [ns, ...]}, wall_s)``: give
-  every listed session ``k`` timed runs, in the order the cache state asks for.
+- ``("round", [(id, k, warm), ...])`` -> ``("round", {id: [ns, ...]}, wall_s, {id: probe_ns})``:
+  give every listed session ``k`` timed runs, in the order the cache state asks for;
+  ``probe_ns`` is the speed probe's reading around the session's burst (its cold
+  runs): :class:`_SpeedReadings`.
 - ``("close", [id, ...])`` -> ``("closed", rss_bytes)``.
 - ``None`` or end of file: exit.
 
@@ -27,6 +29,7 @@ import contextlib
 import mmap
 import os
 import signal
+import statistics
 import struct
 import sys
 import time
@@ -52,6 +55,12 @@ _WARMUP_MAX_S = 0.25
 _EVICTION_CACHE_MULTIPLE = 2
 #: ...the largest cache assumed when the machine does not say.
 _DEFAULT_LLC_BYTES = 32 << 20
+#: Timed runs of the speed probe per reading (the least of them is the reading: the
+#: first finds the caches as the last session left them)...
+_PROBE_RUNS = 3
+#: ...and the least time between two readings: the core's speed changes over hundreds
+#: of milliseconds, and short sessions in between share the readings around them.
+_PROBE_EVERY_NS = 1_000_000
 
 
 def eviction_bytes() -> int:
@@ -95,14 +104,24 @@ class _Evictor:
         self._refresh()
 
 
-def _refresher_model() -> bytes:
-    """A one-node model whose run goes through onnxruntime's run path and little else."""
-    from onnx import TensorProto, helper
+def _probe_model() -> bytes:
+    """The speed probe: a small MatMul whose weights and inputs stay in the core's caches.
 
-    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], [0.0] * 16)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "refresher",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializer=[w])
+    Timed just before every burst, it reads the speed of the core at that moment: on a
+    shared host an SMT sibling or a neighbour's vector work slows every compute-bound
+    kernel by the same factor for seconds at a time (on a 2-core VM, bursts of a 64x512
+    MatMul and of this probe, 20 ms apart, moved together with a correlation of 0.85
+    while both changed speed by 1.5x), and the engine takes that factor out of each
+    session's rounds (:mod:`dlbricks.timing.engine`). A run of it also goes through
+    onnxruntime's run path and little else, which is what the evictor needs after its
+    read."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((128, 128)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "speed_probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 128])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 128])], initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model.SerializeToString()
@@ -117,6 +136,37 @@ def restores_warm_state(run_s: float, nbytes: int, burst_s: float, eviction_nbyt
     its own first layers with its last ones anyway, so a discarded run would only cost.
     ``eviction_nbytes`` (:func:`eviction_bytes`) is a multiple of the last-level cache."""
     return run_s < burst_s or nbytes <= eviction_nbytes // _EVICTION_CACHE_MULTIPLE
+
+
+class _SpeedReadings:
+    """Readings of the speed probe (:func:`_probe_model`) taken between sessions' bursts.
+
+    Each burst is given the readings just before and just after it (the phases of the
+    core's speed outlast a burst, but a long burst can straddle a change); readings
+    are at least ``_PROBE_EVERY_NS`` apart, so a run of short sessions shares the
+    readings around it instead of paying one each."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self._read = read
+        self._last = 0
+        self._last_ns = 0
+        self._waiting: list[list[int]] = []
+
+    def before(self, readings: list[int]) -> None:
+        """Before a burst: its first reading goes to ``readings`` now, its second
+        when the next reading is taken."""
+        if not self._last or time.perf_counter_ns() - self._last_ns > _PROBE_EVERY_NS:
+            self.take()
+        readings.append(self._last)
+        self._waiting.append(readings)
+
+    def take(self) -> None:
+        """A reading now: the second one of every burst since the last."""
+        self._last = self._read()
+        self._last_ns = time.perf_counter_ns()
+        for readings in self._waiting:
+            readings.append(self._last)
+        self._waiting = []
 
 
 class _Beacon:
@@ -211,14 +261,17 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     fenv = FloatEnv()
     clock = time.thread_time_ns if config.measure_clock() == "thread" else time.perf_counter_ns
     sessions: dict[str, _Session] = {}
-    refresher: list[Any] = []
+    probe_bound: list[Any] = []
 
-    def refresh() -> None:
-        if not refresher:
-            refresher.append(prepare_session(_refresher_model(), config, fenv).bound)
-        refresher[0].run()
+    def probe() -> Any:
+        if not probe_bound:
+            bound = prepare_session(_probe_model(), config, fenv).bound
+            _warm_up(bound, timed_runs, clock)
+            probe_bound.append(bound)
+        return probe_bound[0]
 
-    evictor = _Evictor(eviction_bytes(), refresh)
+    speed = _SpeedReadings(lambda: min(timed_runs(probe(), _PROBE_RUNS, clock=clock)))
+    evictor = _Evictor(eviction_bytes(), lambda: probe().run())
 
     def handle(msg: tuple[Any, ...]) -> tuple[Any, ...]:
         op = msg[0]
@@ -262,31 +315,36 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
         elif op == "round":
             plan: list[tuple[str, int, bool]] = msg[1]
             out: dict[str, list[int]] = {item_id: [] for item_id, _, _ in plan}
+            probes: dict[str, list[int]] = {item_id: [] for item_id, _, _ in plan}
             t0 = time.perf_counter()
             cold = []
             for item_id, k, warm in plan:
                 s = sessions[item_id]
                 if warm or config.cache_state == "warm":
+                    speed.before(probes[item_id])
                     beacon.set(s.slot)
                     if restores_warm_state(s.run_s, s.nbytes, config.burst_s, evictor.nbytes):
                         s.bound.run()
                     timed_runs(s.bound, k, out=out[item_id], clock=clock)
                 else:
-                    cold.append((s, k, out[item_id]))
+                    cold.append((s, k, out[item_id], probes[item_id]))
             # Pass j runs every cold session that wants more than j runs once, so two
             # runs of one session always have the others' runs between them.
             j = 0
             while cold:
                 # Between two runs of a session: every other session's run, and the top-up.
-                evictor.top_up(sum(s.nbytes for s, _, _ in cold) - max(s.nbytes for s, _, _ in cold))
-                for s, _, times in cold:
+                evictor.top_up(sum(s.nbytes for s, *_ in cold) - max(s.nbytes for s, *_ in cold))
+                for s, _, times, readings in cold:
+                    speed.before(readings)
                     beacon.set(s.slot)
                     _touch(s.inputs)
                     timed_runs(s.bound, 1, out=times, clock=clock)
                 j += 1
                 cold = [entry for entry in cold if entry[1] > j]
             beacon.set(-1)
-            return ("round", out, time.perf_counter() - t0)
+            wall_s = time.perf_counter() - t0
+            speed.take()  # the second reading of the round's last bursts, off its clock
+            return ("round", out, wall_s, {i: statistics.median(v) for i, v in probes.items() if v})
         elif op == "close":
             for item_id in msg[1]:
                 sessions.pop(item_id, None)

@@ -65,8 +65,14 @@ class Measurement:
             (output conversion is then on the clock).
         rounds: for results of the measurement engine, the rounds it was measured in
             (0 for a single contiguous run).
-        round_medians_ns: the median of each round's burst, in order: their spread
-            is the uncertainty of the result, drift between rounds included.
+        round_medians_ns: the median of each round's burst, in order, brought to the
+            run's reference speed (``median * (speed_ref_ns / probe) ** speed_slope``):
+            their spread is the uncertainty of the result, drift between rounds included.
+        round_probes_ns: the speed probe's reading in each round (0: none), from which
+            the round medians as read are recovered.
+        speed_slope: how the session's run time follows the probe's (log on log; 0:
+            round medians as read).
+        speed_ref_ns: the probe reading the rounds were brought to (the engine run's).
         median_se_ns: the standard error of the median estimate from that spread;
             ``stats.ci_low``/``ci_high`` are the matching t-interval.
         round_nos: the engine's number of each round of this engine run that the
@@ -96,6 +102,9 @@ class Measurement:
     io_binding: bool = True
     rounds: int = 0
     round_medians_ns: list[float] = field(default_factory=list)
+    round_probes_ns: list[float] = field(default_factory=list)
+    speed_slope: float = 0.0
+    speed_ref_ns: float = 0.0
     median_se_ns: float = 0.0
     round_nos: list[int] = field(default_factory=list)
     engine_run: str = ""
@@ -151,6 +160,9 @@ class Measurement:
             "timer_resolution_ns": self.timer_resolution_ns,
             "rounds": self.rounds,
             "round_medians_ns": list(self.round_medians_ns),
+            "round_probes_ns": list(self.round_probes_ns),
+            "speed_slope": self.speed_slope,
+            "speed_ref_ns": self.speed_ref_ns,
             "median_se_ns": self.median_se_ns,
             "round_nos": list(self.round_nos),
             "engine_run": self.engine_run,
@@ -191,6 +203,9 @@ class Measurement:
             timer_resolution_ns=float(d.get("timer_resolution_ns", 0.0)),
             rounds=int(d.get("rounds", 0)),
             round_medians_ns=[float(x) for x in d.get("round_medians_ns", ())],
+            round_probes_ns=[float(x) for x in d.get("round_probes_ns", ())],
+            speed_slope=float(d.get("speed_slope", 0.0)),
+            speed_ref_ns=float(d.get("speed_ref_ns", 0.0)),
             median_se_ns=float(d.get("median_se_ns", 0.0)),
             round_nos=[int(x) for x in d.get("round_nos", ())],
             engine_run=str(d.get("engine_run", "")),

@@ -371,7 +371,7 @@ class _Speed:
     whole model and its bricks, meet different speeds, and a median over a few rounds
     lands in whichever phase most of them met. So every session's round medians are
     brought to one reference speed, the probe's median reading over the run's first
-    round: a round median ``m`` read with the probe at ``p`` becomes
+    ``min_rounds`` rounds (before any result can be final): a round median ``m`` read with the probe at ``p`` becomes
     ``m (ref / p)^b``, where ``b`` is how the session follows the probe (log on log),
     fitted per session by least squares and shrunk toward the slope pooled over all
     sessions. A compute-bound kernel follows the probe closely (``b`` near 1), one
@@ -382,10 +382,14 @@ class _Speed:
         self.ref_ns = 0.0
         self.slope = 0.0
         self.version = 0
+        self._early: list[float] = []
 
-    def set_reference(self, readings: Sequence[float]) -> None:
-        if self.ref_ns == 0 and readings:
-            self.ref_ns = float(statistics.median(readings))
+    def add_readings(self, readings: Sequence[float]) -> None:
+        """A round's readings, while the reference is still being set (its first
+        ``min_rounds`` rounds, before any result is final)."""
+        self._early.extend(readings)
+        if self._early:
+            self.ref_ns = float(statistics.median(self._early))
 
     def slope_of(self, sums: _Sums) -> tuple[float, float]:
         """A session's slope and its variance, from its :func:`_slope_sums`: its own
@@ -937,10 +941,10 @@ class _Engine:
                 # The round's real wall time, shared in proportion to timed work, so
                 # the cost includes warm-up runs, input reads and the loop itself.
                 t.sampling_s += wall_s * sum(ts) / total
-            if self.speed.ref_ns <= 0 and self.config.speed_probe:
-                # The first round's readings, all its sessions' bursts, set the speed
-                # every round is brought to.
-                self.speed.set_reference([float(v) for v in probes.values() if v > 0])
+            if self.rounds_run <= self.config.min_rounds and self.config.speed_probe:
+                # The readings of the rounds before any result can be final set the
+                # speed every round is brought to: several rounds of every session.
+                self.speed.add_readings([float(v) for v in probes.values() if v > 0])
         self.speed.pool(list(self.tracks.values()))
         return longest
 

@@ -365,14 +365,14 @@ class _Speed:
     """The speed probe's reference for one engine run, and the slope pooled over it.
 
     The worker times a small MatMul (:func:`dlbricks.timing.engine_worker._probe_model`)
-    just before every burst. On a shared host the core's speed changes for seconds at a
+    around every burst. On a shared host the core's speed changes for seconds at a
     time (an SMT sibling's or a neighbour's vector work), by as much as 1.5x, and a
     round of a thousand sessions lasts longer than that: the sessions of one round, a
     whole model and its bricks, meet different speeds, and a median over a few rounds
     lands in whichever phase most of them met. So every session's round medians are
     brought to one reference speed, the probe's median reading over the run's first
-    ``min_rounds`` rounds (before any result can be final): a round median ``m`` read with the probe at ``p`` becomes
-    ``m (ref / p)^b``, where ``b`` is how the session follows the probe (log on log),
+    ``min_rounds`` rounds (before any result can be final): a round median ``m`` read
+    with the probe at ``p`` becomes ``m (ref / p)^b``, where ``b`` is how the session follows the probe (log on log),
     fitted per session by least squares and shrunk toward the slope pooled over all
     sessions. A compute-bound kernel follows the probe closely (``b`` near 1), one
     streaming its weights from memory much less; a session whose rounds all met one

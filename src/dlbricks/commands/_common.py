@@ -268,7 +268,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                         "probe models; by default it is counted once per model instead of once per brick)")
     e.add_argument("--no-speed-probe", action="store_true",
                    help="take each round's median as read, instead of bringing it to one reference speed of the "
-                        "core read by a small probe kernel timed before every burst (on a shared host the core's "
+                        "core read by a small probe kernel timed around every burst (on a shared host the core's "
                         "speed changes for seconds at a time, so the sessions of one round meet different speeds)")
     e.add_argument("--no-huge-pages", action="store_true",
                    help="do not back the measured sessions' memory with transparent huge pages (by default they "

@@ -114,7 +114,7 @@ class RunnerConfig:
             measured with the bricks (:mod:`dlbricks.timing.calibration`), subtracted
             from every brick and added once. Changes no measurement, so it keys no result.
         speed_probe: bring every session's round medians to one reference speed of the
-            core, read by a small MatMul timed just before each burst (see
+            core, read by a small MatMul timed around each burst (see
             :class:`dlbricks.timing.engine._Speed`): on a shared host the core's speed
             changes by up to 1.5x for seconds at a time, and the sessions of one round
             meet different speeds. Changes how rounds are weighed, not what is timed,

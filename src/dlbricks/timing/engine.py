@@ -217,11 +217,16 @@ class _Track:
     _adjusted: tuple[tuple[int, int], tuple[list[float], float, float]] | None = field(default=None, repr=False)
     _sums: tuple[int, _Sums] | None = field(default=None, repr=False)
 
-    def slope_sums(self, ref_ns: float) -> _Sums:
+    def slope_sums(self) -> _Sums:
         """:func:`_slope_sums` of this session's rounds (cached per round)."""
         if self._sums is None or self._sums[0] != len(self.round_medians):
-            self._sums = (len(self.round_medians), _slope_sums(self.round_medians, self.round_probes, ref_ns))
+            self._sums = (len(self.round_medians), _slope_sums(self.round_medians, self.round_probes))
         return self._sums[1]
+
+    def _speed_key(self) -> int:
+        # A final result's estimate is what was handed out: later rounds of others
+        # move the pooled slope and the reference, not it.
+        return -2 if self.final else self.speed.version if self.speed is not None else -1
 
     @property
     def median(self) -> float:
@@ -245,14 +250,12 @@ class _Track:
 
     def _adjust(self) -> tuple[list[float], float, float]:
         sp = self.speed
-        # A final result's estimate is what was handed out: later rounds of others
-        # move the pooled slope, not it.
-        key = (len(self.round_medians), -2 if self.final else sp.version if sp is not None else -1)
+        key = (len(self.round_medians), self._speed_key())
         if self._adjusted is not None and self._adjusted[0] == key:
             return self._adjusted[1]
         meds, slope, extra = self.round_medians, 0.0, 0.0
         if sp is not None and sp.ref_ns > 0:
-            slope, var = sp.slope_of(self.slope_sums(sp.ref_ns))
+            slope, var = sp.slope_of(self.slope_sums())
             xs = [math.log(p / sp.ref_ns) for p in self.round_probes if p > 0]
             if slope > 0:
                 meds = [m * (sp.ref_ns / p) ** slope if p > 0 else m
@@ -266,8 +269,7 @@ class _Track:
 
     def _estimate(self) -> tuple[float, float]:
         # Read for every group each round: computed once per change of the rounds.
-        sp = self.speed
-        key = (len(self.round_medians), len(self.times), -2 if self.final else sp.version if sp is not None else -1)
+        key = (len(self.round_medians), len(self.times), self._speed_key())
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
         meds = self.adjusted()
@@ -344,11 +346,12 @@ _MAX_SLOPE = 1.5
 _Sums = tuple[float, float, float, int]
 
 
-def _slope_sums(meds: Sequence[float], probes: Sequence[float], ref_ns: float) -> _Sums:
-    """(Sxx, Sxy, Syy, n): the centred sums of squares and products of x = log(probe /
-    ref) and y = log(round median) over the rounds with a reading, each deviation from
-    its median clipped to +/-0.5 (a round hit by an interrupt must not make the slope)."""
-    pts = [(math.log(p / ref_ns), math.log(m)) for m, p in zip(meds, probes) if p > 0 and m > 0]
+def _slope_sums(meds: Sequence[float], probes: Sequence[float]) -> _Sums:
+    """(Sxx, Sxy, Syy, n): the centred sums of squares and products of x = log(probe)
+    and y = log(round median) over the rounds with a reading, each deviation from its
+    median clipped to +/-0.5 (a round hit by an interrupt must not make the slope).
+    Centred, they do not depend on the reference speed."""
+    pts = [(math.log(p), math.log(m)) for m, p in zip(meds, probes) if p > 0 and m > 0]
     n = len(pts)
     if n < 2:
         return 0.0, 0.0, 0.0, n
@@ -410,7 +413,7 @@ class _Speed:
             return
         sxx = sxy = 0.0
         for t in tracks:
-            a, b, _, n = t.slope_sums(self.ref_ns)
+            a, b, _, n = t.slope_sums()
             if n >= 3:
                 sxx, sxy = sxx + a, sxy + b
         if sxx > 0:

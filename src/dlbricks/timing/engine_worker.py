@@ -107,7 +107,7 @@ class _Evictor:
 def _probe_model() -> bytes:
     """The speed probe: a small MatMul whose weights and inputs stay in the core's caches.
 
-    Timed just before every burst, it reads the speed of the core at that moment: on a
+    Timed around every burst, it reads the speed of the core at that moment: on a
     shared host an SMT sibling or a neighbour's vector work slows every compute-bound
     kernel by the same factor for seconds at a time (on a 2-core VM, bursts of a 64x512
     MatMul and of this probe, 20 ms apart, moved together with a correlation of 0.85

@@ -256,12 +256,13 @@ class _Track:
         meds, slope, extra = self.round_medians, 0.0, 0.0
         if sp is not None and sp.ref_ns > 0:
             slope, var = sp.slope_of(self.slope_sums())
-            xs = [math.log(p / sp.ref_ns) for p in self.round_probes if p > 0]
+            ref = sp.reference_for(slope)
             if slope > 0:
-                meds = [m * (sp.ref_ns / p) ** slope if p > 0 else m
+                meds = [m * (ref / p) ** slope if p > 0 else m
                         for m, p in zip(self.round_medians, self.round_probes)]
             # What the slope's uncertainty adds to the estimate's relative variance: the
             # typical distance of the rounds' speed from the reference, times it.
+            xs = [math.log(p / ref) for p in self.round_probes if p > 0]
             if xs:
                 extra = (sum(xs) / len(xs)) ** 2 * var
         self._adjusted = (key, (meds, slope, extra))
@@ -373,26 +374,59 @@ class _Speed:
     round of a thousand sessions lasts longer than that: the sessions of one round, a
     whole model and its bricks, meet different speeds, and a median over a few rounds
     lands in whichever phase most of them met. So every session's round medians are
-    brought to one reference speed, the probe's median reading over the run's first
+    brought to the run's mix of speeds, read by the probe over the run's first
     ``min_rounds`` rounds (before any result can be final): a round median ``m`` read
-    with the probe at ``p`` becomes ``m (ref / p)^b``, where ``b`` is how the session follows the probe (log on log),
-    fitted per session by least squares and shrunk toward the slope pooled over all
-    sessions. A compute-bound kernel follows the probe closely (``b`` near 1), one
-    streaming its weights from memory much less; a session whose rounds all met one
-    speed gets the pooled slope, and on a quiet host nothing changes."""
+    with the probe at ``p`` becomes ``m (ref / p)^b``, where ``b`` is how the session
+    follows the probe (log on log), fitted per session by least squares and shrunk
+    toward the slope pooled over all sessions, and ``ref`` the reading at which
+    ``ref^b`` is the mean of ``reading^b`` (:meth:`reference_for`). A compute-bound
+    kernel follows the probe closely (``b`` near 1), one streaming its weights from
+    memory much less; a session whose rounds all met one speed gets the pooled slope,
+    and on a quiet host nothing changes. The reference is the mix, not one speed of
+    it (the median reading, say), because a whole model's run spans many phases and
+    has their mix in it as read: its slope on a reading taken beside it is small,
+    and its rounds barely move when brought to any reference."""
 
     def __init__(self) -> None:
         self.ref_ns = 0.0
         self.slope = 0.0
         self.version = 0
         self._early: list[float] = []
+        self._logs = np.zeros(0)
+        self._refs: dict[float, float] = {}
 
     def add_readings(self, readings: Sequence[float]) -> None:
         """A round's readings, while the reference is still being set (its first
         ``min_rounds`` rounds, before any result is final)."""
-        self._early.extend(readings)
-        if self._early:
-            self.ref_ns = float(statistics.median(self._early))
+        self._early.extend(r for r in readings if r > 0)
+        if not self._early:
+            return
+        logs = np.log(np.asarray(self._early, dtype=np.float64))
+        mid = float(np.median(logs))
+        # A reading taken through an interrupt must not move the reference.
+        self._logs = mid + np.clip(logs - mid, -_MAX_DEVIATION, _MAX_DEVIATION)
+        self._refs = {}
+        self.ref_ns = self.reference_for(0.0)
+
+    def reference_for(self, slope: float) -> float:
+        """The reference speed for a session of this slope: the reading ``r`` whose
+        ``r ** slope`` is the mean of ``reading ** slope`` over the reference readings
+        (their geometric mean at slope 0). A session brought there has the latency
+        it takes under the run's mix of the core's speeds, which is what a run
+        spanning many phases, a whole model's, has as read: so sessions of every
+        slope, and those left as read, stay comparable."""
+        if not self._logs.size:
+            return 0.0
+        b = round(float(slope), 3)
+        ref = self._refs.get(b)
+        if ref is None:
+            if b <= 0:
+                ref = float(np.exp(self._logs.mean()))
+            else:
+                top = float(self._logs.max())
+                ref = float(np.exp(top + np.log(np.mean(np.exp(b * (self._logs - top)))) / b))
+            self._refs[b] = ref
+        return ref
 
     def slope_of(self, sums: _Sums) -> tuple[float, float]:
         """A session's slope and its variance, from its :func:`_slope_sums`: its own
@@ -659,7 +693,7 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_facto
         round_medians_ns=[float(x) for x in meds],
         round_probes_ns=list(track.round_probes),
         speed_slope=track.slope(),
-        speed_ref_ns=track.speed.ref_ns if track.speed is not None else 0.0,
+        speed_ref_ns=track.speed.reference_for(track.slope()) if track.speed is not None else 0.0,
         median_se_ns=se,
         round_nos=list(track.round_nos),
         engine_run=engine_run,

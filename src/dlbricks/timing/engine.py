@@ -388,12 +388,16 @@ class _Speed:
     and its rounds barely move when brought to any reference."""
 
     def __init__(self) -> None:
-        self.ref_ns = 0.0
         self.slope = 0.0
         self.version = 0
         self._early: list[float] = []
         self._logs = np.zeros(0)
         self._refs: dict[float, float] = {}
+
+    @property
+    def ref_ns(self) -> float:
+        """The readings' geometric mean (0 until the first readings arrive)."""
+        return self.reference_for(0.0)
 
     def add_readings(self, readings: Sequence[float]) -> None:
         """A round's readings, while the reference is still being set (its first
@@ -406,7 +410,6 @@ class _Speed:
         # A reading taken through an interrupt must not move the reference.
         self._logs = mid + np.clip(logs - mid, -_MAX_DEVIATION, _MAX_DEVIATION)
         self._refs = {}
-        self.ref_ns = self.reference_for(0.0)
 
     def reference_for(self, slope: float) -> float:
         """The reference speed for a session of this slope: the reading ``r`` whose
@@ -414,7 +417,7 @@ class _Speed:
         (their geometric mean at slope 0). A session brought there has the latency
         it takes under the run's mix of the core's speeds, which is what a run
         spanning many phases, a whole model's, has as read: so sessions of every
-        slope, and those left as read, stay comparable."""
+        slope stay comparable."""
         if not self._logs.size:
             return 0.0
         b = round(float(slope), 3)

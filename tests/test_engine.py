@@ -28,7 +28,9 @@ class SyntheticWorker:
     (``rng -> factor``), every burst meets a speed of its own, drawn afresh, which its
     runs follow as ``factor ** spec["slope"]`` (a sum of parts ``[(ns, slope), ...]``
     for ``spec["parts"]``) and the speed probe, read before it, exactly; a run of
-    ``spec["span"]`` phases follows their mean, the probe reading one of them.
+    ``spec["span"]`` phases follows their mean, the probe reading one of them;
+    ``spec["probe_offset"]`` scales the probe's reading beside the session in every
+    round (a session that leaves the core slow for the probe after it).
     """
 
     def __init__(self, config, start_timeout_s, *, rng, speed=lambda r: 1.0, crash_on=(), counts=None, phase=None):
@@ -69,7 +71,7 @@ class SyntheticWorker:
                     out[item_id] = [int(spec["ns"] * f * x) for x in noise]
                 else:
                     p = self.phase(self.rng)
-                    probes[item_id] = int(1e4 * p)
+                    probes[item_id] = int(1e4 * p * spec.get("probe_offset", 1.0))
                     parts = spec.get("parts", [(spec["ns"], spec.get("slope", 1.0))])
                     # "span": a run long enough to meet that many phases, the probe's one of them.
                     ps = [p] + [self.phase(self.rng) for _ in range(spec.get("span", 1) - 1)]
@@ -283,6 +285,49 @@ def test_a_whole_model_whose_run_spans_many_speed_phases_agrees_with_its_bricks(
             ratios[probe].append(recon / results["model"].stats.median)
     assert max(abs(r - 1.0) for r in ratios[False]) > 0.1  # the premise: the bricks' medians sit in one phase
     assert max(abs(r - 1.0) for r in ratios[True]) < 0.03
+
+
+@pytest.mark.parametrize("fit_offsets", [True, False])
+def test_long_sessions_that_slow_the_probe_beside_them_are_not_taken_as_run_in_slow_phases(monkeypatch, fit_offsets):
+    # Every session follows the core's speed (slope 1), one phase per burst; the probe
+    # beside a long one reads 1.35x slow in every round, as after a run of VGG-19 on a
+    # 2-core Xeon. Taken as speed, that would bring the long bricks 26% too fast; the
+    # offset fitted on run time over the early readings takes it out. The whole model
+    # spans many phases and reads as slow beside it.
+    from dlbricks.timing import engine
+
+    if not fit_offsets:
+        monkeypatch.setattr(engine, "_OFFSET_READINGS", 10**9)  # the premise: no offset curve
+    specs = {f"s{i}": {"ns": 2e4 * (1 + i % 3), "cv": 0.01, "slope": 1.0} for i in range(60)}
+    specs |= {f"l{i}": {"ns": 2e6 * (1 + i % 3), "cv": 0.01, "slope": 1.0, "probe_offset": 1.35}
+              for i in range(30)}
+    specs["model"] = {"ns": sum(v["ns"] for v in specs.values()), "cv": 0.01, "span": 20, "probe_offset": 1.35}
+    groups = {"recon": {i: 1.0 for i in specs if i != "model"}, "e2e": {"model": 1.0}}
+    ratios = []
+    for seed in range(3):
+        results, _, _ = run_synthetic(specs, groups, seed=seed, phase=_two_speeds, precision=0.02,
+                                      min_rounds=10, max_rounds=20)
+        recon = sum(results[i].stats.median for i in groups["recon"])
+        ratios.append(recon / results["model"].stats.median)
+    if fit_offsets:
+        assert max(abs(r - 1.0) for r in ratios) < 0.04, ratios
+    else:
+        assert max(abs(r - 1.0) for r in ratios) > 0.1, ratios
+
+
+def test_the_offset_curve_follows_run_time_and_is_flat_where_the_readings_show_none():
+    from dlbricks.timing.engine import _offset_curve
+
+    rng = np.random.default_rng(0)
+    runs = np.log(np.repeat(np.geomspace(1e-5, 1e-1, 200), 5))
+    bimodal = np.where(rng.random(runs.size) < 0.4, np.log(1.5), 0.0)
+    xs, ys = _offset_curve(bimodal + 0.25 * (runs > np.log(1e-3)), runs)
+    assert np.all(np.diff(xs) > 0)
+    short, long = np.interp(np.log(1e-5), xs, ys), np.interp(np.log(1e-1), xs, ys)
+    assert abs((long - short) - 0.25) < 0.05
+    xs, ys = _offset_curve(bimodal, runs)  # no dependence: the noise is shrunk away
+    assert float(np.ptp(ys)) < 0.02
+    assert _offset_curve(bimodal[:100], runs[:100]) is None  # too few readings for a curve
 
 
 def test_speed_readings_bracket_every_burst_and_short_bursts_share_them(monkeypatch):

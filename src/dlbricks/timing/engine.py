@@ -202,7 +202,8 @@ class _Track:
     final: bool = False
     #: Sampling seconds when a reference item first reached its precision.
     needed_s: float | None = None
-    #: Timed as a warm loop (the item says so, or cache_state "auto" decided it).
+    #: Timed as a warm loop (the item says so, the cache state is "warm", or "auto"
+    #: decided it).
     timed_warm: bool = False
     #: Runs in each of this run's rounds (parallel to ``round_nos``).
     round_ks: list[int] = field(default_factory=list)
@@ -248,6 +249,19 @@ class _Track:
         """How this session's run time follows the speed probe's (log on log; 0: not at all)."""
         return self._adjust()[1]
 
+    def reference(self, slope: float) -> float:
+        """The probe reading this session's rounds are brought to (ns; 0: none), for
+        its run time and cache state (:meth:`_Speed.reference_of`)."""
+        return self.speed.reference_of(slope, self.run_s(), self.timed_warm) if self.speed is not None else 0.0
+
+    def run_s(self) -> float:
+        """One run's time as the worker found it on opening (s): what the probe's
+        offset beside the session is fitted on, fixed for the whole run."""
+        run_s = float(self.info.get("run_s", 0.0))
+        if run_s <= 0 and self.round_medians:
+            run_s = statistics.median(self.round_medians) * 1e-9
+        return run_s
+
     def _adjust(self) -> tuple[list[float], float, float]:
         sp = self.speed
         key = (len(self.round_medians), self._speed_key())
@@ -256,7 +270,7 @@ class _Track:
         meds, slope, extra = self.round_medians, 0.0, 0.0
         if sp is not None and sp.ref_ns > 0:
             slope, var = sp.slope_of(self.slope_sums())
-            ref = sp.reference_for(slope)
+            ref = self.reference(slope)
             if slope > 0:
                 meds = [m * (ref / p) ** slope if p > 0 else m
                         for m, p in zip(self.round_medians, self.round_probes)]
@@ -365,6 +379,38 @@ def _slope_sums(meds: Sequence[float], probes: Sequence[float]) -> _Sums:
             sum((y - yb) ** 2 for y in ys), n)
 
 
+#: Readings per point of the offset curve (:func:`_offset_curve`), and the most points.
+_OFFSET_READINGS = 64
+_OFFSET_POINTS = 32
+
+
+def _offset_curve(dev: np.ndarray, log_run_s: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """How the probe's reading (``dev``, log, from the run's median) depends on the
+    run time of the session it was read beside: points (log run time, mean reading)
+    over runs of consecutive sessions by run time, for :func:`numpy.interp`; None with
+    too few readings for two points.
+
+    Each point is shrunk toward the mean of all of them by how much of its distance
+    from it its own noise could make (empirical Bayes: the points' spread beyond their
+    standard errors is the curve's): the readings of a phase-switching core are
+    bimodal, and a curve read from noise would move every session's level with it."""
+    n = len(dev)
+    k = min(_OFFSET_POINTS, n // _OFFSET_READINGS)
+    if k < 2:
+        return None
+    parts = np.array_split(np.argsort(log_run_s, kind="stable"), k)
+    xs = np.array([float(np.median(log_run_s[p])) for p in parts])
+    ys = np.array([float(dev[p].mean()) for p in parts])
+    se2 = np.array([float(dev[p].var(ddof=1)) / len(p) for p in parts])
+    centre = float(ys.mean())
+    spread = max(0.0, float(ys.var(ddof=1)) - float(se2.mean()))
+    ys = centre + (ys - centre) * (spread / (spread + se2)) if spread > 0 else np.full_like(ys, centre)
+    # Sessions of one run time can fill several points: one point per run time.
+    ux, inverse = np.unique(xs, return_inverse=True)
+    uy = np.bincount(inverse, weights=ys) / np.bincount(inverse)
+    return ux, uy
+
+
 class _Speed:
     """The speed probe's reference for one engine run, and the slope pooled over it.
 
@@ -385,39 +431,77 @@ class _Speed:
     and on a quiet host nothing changes. The reference is the mix, not one speed of
     it (the median reading, say), because a whole model's run spans many phases and
     has their mix in it as read: its slope on a reading taken beside it is small,
-    and its rounds barely move when brought to any reference."""
+    and its rounds barely move when brought to any reference.
+
+    A session also moves the reading taken beside it, in every round alike: on a
+    2-core Xeon VM the probe read 1.5x slower after a run of VGG-19 than after one of
+    a small brick, for about a millisecond of the probe's own runs (the next session's
+    run is slowed too, less). Over a demo run, sessions of 3 ms and more read
+    +0.25 (log) beside them, those under 0.1 ms -0.07, whatever the phase. Taken as
+    speed, that offset would make every long session look run in a slow phase and
+    bring it 25% times its slope too fast. So the offset is fitted over the early
+    readings as a curve of the session's run time (one per cache state), shrunk toward
+    none by how well the readings show it (:func:`_offset_curve`), and taken out of
+    the readings before the reference is set; each session's rounds are brought to
+    the reference at its own offset (``ref * exp(offset)``, :meth:`reference_of`)."""
 
     def __init__(self) -> None:
         self.slope = 0.0
         self.version = 0
-        self._early: list[float] = []
+        self._early: list[tuple[float, float, bool]] = []
         self._logs = np.zeros(0)
         self._refs: dict[float, float] = {}
+        self._curves: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def ref_ns(self) -> float:
-        """The readings' geometric mean (0 until the first readings arrive)."""
+        """The readings' geometric mean, offsets taken out (0 until the first readings
+        arrive)."""
         return self.reference_for(0.0)
 
-    def add_readings(self, readings: Sequence[float]) -> None:
-        """A round's readings, while the reference is still being set (its first
+    def add_readings(self, readings: Sequence[float], run_s: Sequence[float], warm: Sequence[bool]) -> None:
+        """A round's readings, each with the run time and cache state of the session
+        it was read beside, while the reference is still being set (the run's first
         ``min_rounds`` rounds, before any result is final)."""
-        self._early.extend(r for r in readings if r > 0)
+        self._early.extend((math.log(r), math.log(max(s, 1e-9)), bool(w))
+                           for r, s, w in zip(readings, run_s, warm) if r > 0)
         if not self._early:
             return
-        logs = np.log(np.asarray(self._early, dtype=np.float64))
+        data = np.asarray(self._early, dtype=np.float64)
+        logs, runs, warms = data[:, 0], data[:, 1], data[:, 2] > 0.5
         mid = float(np.median(logs))
         # A reading taken through an interrupt must not move the reference.
-        self._logs = mid + np.clip(logs - mid, -_MAX_DEVIATION, _MAX_DEVIATION)
+        dev = np.clip(logs - mid, -_MAX_DEVIATION, _MAX_DEVIATION)
+        self._curves = {}
+        offsets = np.zeros_like(dev)
+        for state in (True, False):
+            mask = warms == state
+            curve = _offset_curve(dev[mask], runs[mask])
+            if curve is not None:
+                self._curves[state] = curve
+                offsets[mask] = np.interp(runs[mask], *curve)
+        self._logs = mid + np.clip(dev - offsets, -_MAX_DEVIATION, _MAX_DEVIATION)
         self._refs = {}
 
+    def offset(self, run_s: float, warm: bool) -> float:
+        """How far (log) the probe reads beside a session of this run time and cache
+        state from the run's readings, as fitted (0 while there are too few)."""
+        curve = self._curves.get(bool(warm))
+        return float(np.interp(math.log(max(run_s, 1e-9)), *curve)) if curve is not None else 0.0
+
+    def reference_of(self, slope: float, run_s: float, warm: bool) -> float:
+        """The probe reading a session's rounds are brought to: :meth:`reference_for`
+        at the session's own offset."""
+        ref = self.reference_for(slope)
+        return ref * math.exp(self.offset(run_s, warm)) if ref > 0 else 0.0
+
     def reference_for(self, slope: float) -> float:
-        """The reference speed for a session of this slope: the reading ``r`` whose
-        ``r ** slope`` is the mean of ``reading ** slope`` over the reference readings
-        (their geometric mean at slope 0). A session brought there has the latency
-        it takes under the run's mix of the core's speeds, which is what a run
-        spanning many phases, a whole model's, has as read: so sessions of every
-        slope stay comparable."""
+        """The reference speed for a session of this slope, offsets taken out: the
+        reading ``r`` whose ``r ** slope`` is the mean of ``reading ** slope`` over the
+        reference readings (their geometric mean at slope 0). A session brought there
+        has the latency it takes under the run's mix of the core's speeds, which is
+        what a run spanning many phases, a whole model's, has as read: so sessions of
+        every slope stay comparable."""
         if not self._logs.size:
             return 0.0
         b = round(float(slope), 3)
@@ -696,7 +780,7 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_facto
         round_medians_ns=[float(x) for x in meds],
         round_probes_ns=list(track.round_probes),
         speed_slope=track.slope(),
-        speed_ref_ns=track.speed.reference_for(track.slope()) if track.speed is not None else 0.0,
+        speed_ref_ns=track.reference(track.slope()),
         median_se_ns=se,
         round_nos=list(track.round_nos),
         engine_run=engine_run,
@@ -835,8 +919,9 @@ class _Engine:
             it.prep_s += time.perf_counter() - t0
         # A callable may also say the integer-input bounds it found while generating.
         source, bounds = prepared if isinstance(prepared, tuple) else (prepared, it.int_bounds)
-        if self.config.cache_state == "auto" and not it.warm:
-            track.timed_warm = source_nbytes(source) <= self.l2_bytes
+        cache_state = self.config.cache_state
+        track.timed_warm = it.warm or cache_state == "warm" or (
+            cache_state == "auto" and source_nbytes(source) <= self.l2_bytes)
         return source, dict(bounds) if bounds else None
 
     def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False) -> list[_Track]:
@@ -921,7 +1006,7 @@ class _Engine:
             if not t.open:
                 continue
             run_s = max(t.median * 1e-9, 1e-7)
-            warm = t.item.warm or t.timed_warm
+            warm = t.timed_warm
             # A cold run may follow a read of the worker's eviction buffer (when too
             # few other cold sessions separate its runs): the burst counts it.
             cost_s = run_s if warm else run_s + self.eviction_s
@@ -984,7 +1069,9 @@ class _Engine:
             if self.rounds_run <= self.config.min_rounds and self.config.speed_probe:
                 # The readings of the rounds before any result can be final set the
                 # speed every round is brought to: several rounds of every session.
-                self.speed.add_readings([float(v) for v in probes.values() if v > 0])
+                read = [(float(v), self.tracks[i]) for i, v in probes.items() if v > 0 and i in self.tracks]
+                self.speed.add_readings([v for v, _ in read], [t.run_s() for _, t in read],
+                                        [t.timed_warm for _, t in read])
         self.speed.pool(list(self.tracks.values()))
         return longest
 

@@ -73,7 +73,9 @@ class Measurement:
         speed_slope: how the session's run time follows the probe's (log on log; 0:
             round medians as read).
         speed_ref_ns: the probe reading the rounds were brought to: the one whose power
-            ``speed_slope`` is the mean of the engine run's readings to that power.
+            ``speed_slope`` is the mean of the engine run's readings to that power,
+            at the offset the probe reads with beside a session of this one's run
+            time (``dlbricks.timing.engine._Speed``).
         median_se_ns: the standard error of the median estimate from that spread;
             ``stats.ci_low``/``ci_high`` are the matching t-interval.
         round_nos: the engine's number of each round of this engine run that the

@@ -315,6 +315,26 @@ def test_long_sessions_that_slow_the_probe_beside_them_are_not_taken_as_run_in_s
         assert max(abs(r - 1.0) for r in ratios) > 0.1, ratios
 
 
+def test_a_few_rounds_that_slow_everything_do_not_make_a_long_sessions_slope():
+    # Most rounds: the core's phase moves the probe (bimodal) and a short session with
+    # it, not a long one. Six rounds: a neighbour's heavy job slows everything by 1.5x.
+    from dlbricks.timing.engine import _slope_sums
+
+    rng = np.random.default_rng(1)
+    x = np.where(rng.random(40) < 0.4, np.log(1.5), 0.0)
+    episode = np.zeros(40)
+    episode[[7, 15, 16, 30, 31, 32]] = np.log(1.5)
+    probes = np.exp(9.0 + x + episode)
+    long_run = np.exp(18.0 + episode + rng.normal(0, 0.01, 40))
+    short_run = np.exp(10.0 + x + episode + rng.normal(0, 0.01, 40))
+    sxx, sxy, _, n = _slope_sums(list(long_run), list(probes))
+    assert n > 30 and abs(sxy / sxx) < 0.1
+    xs, ys = np.log(probes), np.log(long_run)
+    assert np.polyfit(xs, ys, 1)[0] > 0.3  # the premise: least squares through all rounds
+    sxx, sxy, _, _ = _slope_sums(list(short_run), list(probes))
+    assert abs(sxy / sxx - 1.0) < 0.05
+
+
 def test_the_offset_curve_follows_run_time_and_is_flat_where_the_readings_show_none():
     from dlbricks.timing.engine import _offset_curve
 

@@ -358,25 +358,53 @@ _SLOPE_SD = 0.3
 _MAX_SLOPE = 1.5
 
 
-_Sums = tuple[float, float, float, int]
+_Sums = tuple[float, float, float, float]
+
+#: The slopes tried for a session's robust starting fit (see :func:`_slope_sums`).
+_SLOPE_GRID = np.linspace(0.0, _MAX_SLOPE, 31)
+#: Tukey's bisquare constant (95% efficiency on normal residuals), in robust sds.
+_BISQUARE_C = 4.685
 
 
 def _slope_sums(meds: Sequence[float], probes: Sequence[float]) -> _Sums:
-    """(Sxx, Sxy, Syy, n): the centred sums of squares and products of x = log(probe)
-    and y = log(round median) over the rounds with a reading, each deviation from its
-    median clipped to +/-0.5 (a round hit by an interrupt must not make the slope).
-    Centred, they do not depend on the reference speed."""
+    """(Sxx, Sxy, Syy, n): the weighted, centred sums of squares and products of
+    x = log(probe) and y = log(round median) over the rounds with a reading, and the
+    sum of the weights; each deviation from its median clipped to +/-0.5 (a round hit
+    by an interrupt must not make the slope).
+
+    Weighted, because a shared host has two kinds of slow rounds. In most, the core's
+    phase moves the probe and a short session alike, and not a long one, whose run
+    averages over many phases. In a few, a neighbour's heavy job slows everything,
+    the probe and the longest model by 20-50% together. A least-squares line through
+    both is pulled to the few: whole models of 200 ms got slopes of 0.5, and brought
+    to the reference with them their rounds spread 3x wider than as read. So the fit
+    starts from the slope whose residuals have the least median deviation (a grid over
+    [0, _MAX_SLOPE]; half the rounds may be off the line) and weighs each round by
+    Tukey's bisquare of its residual from that line: rounds far off it weigh nothing.
+    Centred, the sums do not depend on the reference speed."""
     pts = [(math.log(p), math.log(m)) for m, p in zip(meds, probes) if p > 0 and m > 0]
     n = len(pts)
-    if n < 2:
-        return 0.0, 0.0, 0.0, n
-    xm = statistics.median(x for x, _ in pts)
-    ym = statistics.median(y for _, y in pts)
-    xs = [min(max(x - xm, -_MAX_DEVIATION), _MAX_DEVIATION) for x, _ in pts]
-    ys = [min(max(y - ym, -_MAX_DEVIATION), _MAX_DEVIATION) for _, y in pts]
-    xb, yb = sum(xs) / n, sum(ys) / n
-    return (sum((x - xb) ** 2 for x in xs), sum((x - xb) * (y - yb) for x, y in zip(xs, ys)),
-            sum((y - yb) ** 2 for y in ys), n)
+    if n < 3:
+        return 0.0, 0.0, 0.0, float(n)
+    xy = np.asarray(pts, dtype=np.float64)
+    xs = np.clip(xy[:, 0] - np.median(xy[:, 0]), -_MAX_DEVIATION, _MAX_DEVIATION)
+    ys = np.clip(xy[:, 1] - np.median(xy[:, 1]), -_MAX_DEVIATION, _MAX_DEVIATION)
+    resid = ys[None, :] - _SLOPE_GRID[:, None] * xs[None, :]
+    spread = np.median(np.abs(resid - np.median(resid, axis=1, keepdims=True)), axis=1)
+    best = int(np.argmin(spread))
+    r = resid[best] - np.median(resid[best])
+    scale = 1.4826 * float(spread[best])
+    if scale > 0:
+        u = r / (_BISQUARE_C * scale)
+        w = np.where(np.abs(u) < 1.0, (1.0 - u * u) ** 2, 0.0)
+    else:  # more than half the rounds exactly on the line: those are the line
+        w = (r == 0).astype(np.float64)
+    sw = float(w.sum())
+    if sw <= 0:
+        return 0.0, 0.0, 0.0, 0.0
+    xb, yb = float(w @ xs) / sw, float(w @ ys) / sw
+    dx, dy = xs - xb, ys - yb
+    return float(w @ (dx * dx)), float(w @ (dx * dy)), float(w @ (dy * dy)), sw
 
 
 #: Readings per point of the offset curve (:func:`_offset_curve`), and the most points.

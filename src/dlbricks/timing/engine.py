@@ -269,7 +269,7 @@ class _Track:
             return self._adjusted[1]
         meds, slope, extra = self.round_medians, 0.0, 0.0
         if sp is not None and sp.ref_ns > 0:
-            slope, var = sp.slope_of(self.slope_sums())
+            slope, var = sp.slope_of(self.slope_sums(), self.run_s())
             ref = self.reference(slope)
             if slope > 0:
                 meds = [m * (ref / p) ** slope if p > 0 else m
@@ -451,8 +451,9 @@ class _Speed:
     brought to the run's mix of speeds, read by the probe over the run's first
     ``min_rounds`` rounds (before any result can be final): a round median ``m`` read
     with the probe at ``p`` becomes ``m (ref / p)^b``, where ``b`` is how the session
-    follows the probe (log on log), fitted per session by least squares and shrunk
-    toward the slope pooled over all sessions, and ``ref`` the reading at which
+    follows the probe (log on log), fitted per session (robustly, :func:`_slope_sums`)
+    and shrunk toward the slope pooled over the sessions of its run-time class
+    (:meth:`slope_of`), and ``ref`` the reading at which
     ``ref^b`` is the mean of ``reading^b`` (:meth:`reference_for`). A compute-bound
     kernel follows the probe closely (``b`` near 1), one streaming its weights from
     memory much less; a session whose rounds all met one speed gets the pooled slope,
@@ -475,6 +476,8 @@ class _Speed:
 
     def __init__(self) -> None:
         self.slope = 0.0
+        #: The pooled slope of each run-time class that has one (:func:`_slope_class`).
+        self.class_slopes: dict[int, float] = {}
         self.version = 0
         self._early: list[tuple[float, float, bool]] = []
         self._logs = np.zeros(0)
@@ -543,31 +546,62 @@ class _Speed:
             self._refs[b] = ref
         return ref
 
-    def slope_of(self, sums: _Sums) -> tuple[float, float]:
+    def slope_for(self, run_s: float) -> float:
+        """The pooled slope for a session of this run time: its class's, where enough
+        sessions of the class have rounds at several speeds, else the whole run's."""
+        return self.class_slopes.get(_slope_class(run_s), self.slope)
+
+    def slope_of(self, sums: _Sums, run_s: float) -> tuple[float, float]:
         """A session's slope and its variance, from its :func:`_slope_sums`: its own
-        least-squares fit and the pooled slope, weighed by their precisions (the fit's:
-        Sxx over its residual variance; the pooled one's: one over ``_SLOPE_SD``
-        squared). A session whose rounds all met one speed gets the pooled slope, with
-        the variance of a slope not known."""
+        least-squares fit and the pooled slope of its run-time class, weighed by their
+        precisions (the fit's: Sxx over its residual variance; the pooled one's: one
+        over ``_SLOPE_SD`` squared). A session with fewer than ``_MIN_SLOPE_ROUNDS``
+        rounds on the line, or whose rounds all met one speed, gets the pooled slope,
+        with the variance of a slope not known: on a handful of rounds one slow round
+        at a high reading makes any line (VGG-19, six rounds, one of them 1.35x slow
+        beside a reading 1.35x slow: a fitted slope of 1, where long runs have 0.05)."""
+        prior = self.slope_for(run_s)
         sxx, sxy, syy, n = sums
-        if n < 3 or sxx <= 0:
-            return self.slope, _SLOPE_SD**2
+        if n < _MIN_SLOPE_ROUNDS or sxx <= 0:
+            return prior, _SLOPE_SD**2
         resid = max((syy - sxy * sxy / sxx) / (n - 2), 1e-6)
         w = resid / _SLOPE_SD**2
-        return min(max((sxy + w * self.slope) / (sxx + w), 0.0), _MAX_SLOPE), resid / (sxx + w)
+        return min(max((sxy + w * prior) / (sxx + w), 0.0), _MAX_SLOPE), resid / (sxx + w)
 
     def pool(self, tracks: Sequence[_Track]) -> None:
-        """Refit the pooled slope over ``tracks`` (each with at least 3 readings)."""
+        """Refit the pooled slopes over ``tracks`` (those with at least 3 readings on
+        their lines): the whole run's, and each run-time class's with at least
+        ``_MIN_CLASS_SESSIONS`` such sessions."""
         if self.ref_ns <= 0:
             return
-        sxx = sxy = 0.0
+        sums: dict[int, list[float]] = {}
         for t in tracks:
             a, b, _, n = t.slope_sums()
             if n >= 3:
-                sxx, sxy = sxx + a, sxy + b
+                c = sums.setdefault(_slope_class(t.run_s()), [0.0, 0.0, 0.0])
+                c[0], c[1], c[2] = c[0] + a, c[1] + b, c[2] + 1
+        sxx = sum(c[0] for c in sums.values())
         if sxx > 0:
-            self.slope = min(max(sxy / sxx, 0.0), _MAX_SLOPE)
+            self.slope = min(max(sum(c[1] for c in sums.values()) / sxx, 0.0), _MAX_SLOPE)
+        self.class_slopes = {k: min(max(c[1] / c[0], 0.0), _MAX_SLOPE) for k, c in sums.items()
+                             if c[0] > 0 and c[2] >= _MIN_CLASS_SESSIONS}
         self.version += 1
+
+
+#: Rounds on its line (their bisquare weights' sum) before a session's own slope counts.
+_MIN_SLOPE_ROUNDS = 8
+#: Sessions with slope sums a run-time class needs for a pooled slope of its own.
+_MIN_CLASS_SESSIONS = 5
+#: Bounds of the run-time classes of pooled slopes (log10 seconds: 0.1 ms, 1 ms, 10 ms).
+#: How a session follows a reading taken beside it depends on how many of the core's
+#: phases (tens of milliseconds on a shared VM) its run spans: over the demo's
+#: sessions, robust slopes had medians 0.14, 0.10, 0.06 and 0.04 in these classes.
+_SLOPE_CLASS_BOUNDS = (-4.0, -3.0, -2.0)
+
+
+def _slope_class(run_s: float) -> int:
+    x = math.log10(max(run_s, 1e-9))
+    return sum(x >= b for b in _SLOPE_CLASS_BOUNDS)
 
 
 def _median_se(values: Sequence[float], m: float) -> float:

@@ -335,6 +335,37 @@ def test_a_few_rounds_that_slow_everything_do_not_make_a_long_sessions_slope():
     assert abs(sxy / sxx - 1.0) < 0.05
 
 
+def test_few_rounds_take_the_pooled_slope_of_their_run_time_class():
+    # Six rounds, one slow beside a slow reading: any line fits them. A long session
+    # then gets the slope that long sessions of the run share, not the short ones'.
+    from dlbricks.timing.engine import _slope_sums, _Speed
+
+    class Fake:
+        def __init__(self, meds, probes, run_s):
+            self.sums, self.run = _slope_sums(meds, probes), run_s
+
+        def slope_sums(self):
+            return self.sums
+
+        def run_s(self):
+            return self.run
+
+    rng = np.random.default_rng(2)
+    sp = _Speed()
+    sp.add_readings([1e4] * 10, [1e-3] * 10, [True] * 10)
+    tracks = []
+    for i in range(6):  # short sessions that follow the probe, long ones that do not
+        p = np.exp(9.0 + np.where(rng.random(20) < 0.4, 0.4, 0.0))
+        tracks.append(Fake(list(np.exp(10.0 + np.log(p) + rng.normal(0, 0.01, 20))), list(p), 2e-5))
+        tracks.append(Fake(list(np.exp(18.0 + rng.normal(0, 0.01, 20))), list(p), 0.2))
+    sp.pool(tracks)
+    assert sp.slope_for(2e-5) == pytest.approx(1.0, abs=0.05)
+    assert sp.slope_for(0.2) == pytest.approx(0.0, abs=0.05)
+    meds, probes = [275e6, 284e6, 268e6, 276e6, 373e6, 273e6], [8e3, 9e3, 8e3, 8e3, 11e3, 8e3]
+    assert np.polyfit(np.log(probes), np.log(meds), 1)[0] > 0.5  # the premise: a steep line
+    assert sp.slope_of(_slope_sums(meds, probes), 0.27)[0] == pytest.approx(sp.slope_for(0.27))
+
+
 def test_the_offset_curve_follows_run_time_and_is_flat_where_the_readings_show_none():
     from dlbricks.timing.engine import _offset_curve
 

@@ -553,7 +553,7 @@ class _Speed:
 
     def slope_of(self, sums: _Sums, run_s: float) -> tuple[float, float]:
         """A session's slope and its variance, from its :func:`_slope_sums`: its own
-        least-squares fit and the pooled slope of its run-time class, weighed by their
+        weighted least-squares fit and the pooled slope of its run-time class, weighed by their
         precisions (the fit's: Sxx over its residual variance; the pooled one's: one
         over ``_SLOPE_SD`` squared). A session with fewer than ``_MIN_SLOPE_ROUNDS``
         rounds on the line, or whose rounds all met one speed, gets the pooled slope,
@@ -600,6 +600,7 @@ _SLOPE_CLASS_BOUNDS = (-4.0, -3.0, -2.0)
 
 
 def _slope_class(run_s: float) -> int:
+    """The run-time class of a session (0: under 0.1 ms ... 3: 10 ms and more)."""
     x = math.log10(max(run_s, 1e-9))
     return sum(x >= b for b in _SLOPE_CLASS_BOUNDS)
 

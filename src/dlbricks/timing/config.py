@@ -69,8 +69,9 @@ class RunnerConfig:
             interval comes from the spread between rounds.
         max_rounds: stop after this many rounds even if a model's interval is wider.
         cache_state: what a timed run finds in the caches. ``"warm"``: each burst
-            starts with one discarded run, so the timed runs find the brick's weights
-            and inputs cached (a brick looped alone). ``"cold"``: between two runs of a
+            starts with discarded runs (two for a session under 0.5 ms, whose second
+            run after other sessions' is still up to 50% slow), so the timed runs find
+            the brick's weights and inputs cached (a brick looped alone). ``"cold"``: between two runs of a
             session, twice the largest cache's size of other data is read (the other
             cold sessions' runs, topped up from an eviction buffer when they fall
             short), so its weights come from DRAM whatever else is being measured; its

@@ -55,7 +55,7 @@ import numpy as np
 from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.engine_process import WorkerDied, WorkerProcess
-from dlbricks.timing.engine_worker import eviction_bytes
+from dlbricks.timing.engine_worker import SHORT_RUN_S, eviction_bytes
 from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.timing.session import source_nbytes
 from dlbricks.timing.stats import numbered_rounds, summarize
@@ -1076,9 +1076,10 @@ class _Engine:
             k_max = max(1, int(cfg.burst_s / cost_s))
             split = t.variance_components()
             if split is not None:
-                # A warm session's discarded run, and the round's bookkeeping, are paid
+                # A warm session's discarded runs, and the round's bookkeeping, are paid
                 # whatever k is.
-                k_best = runs_per_burst(*split, cost_s, (run_s if warm else 0.0) + per_item_s)
+                discarded_s = run_s * (2 if run_s < SHORT_RUN_S else 1) if warm else 0.0
+                k_best = runs_per_burst(*split, cost_s, discarded_s + per_item_s)
                 if k_best < k_max:
                     k_max = min(k_max, max(_MIN_BURST_RUNS, math.ceil(k_best)))
             want = need.get(t.item.id, 1.0) - len(t.times)

@@ -868,3 +868,23 @@ def test_progress_reports_opening_then_rounds_with_an_eta_that_tracks_the_rounds
     for p, n in measuring[len(measuring) // 4:3 * len(measuring) // 4]:
         remaining = sum(walls[n:])
         assert 0.5 * remaining <= p.eta_s <= 2.0 * remaining, (p.rounds, p.eta_s, remaining)
+
+
+def test_a_sessions_probe_offset_goes_no_further_than_its_own_readings():
+    # The probe reads 1.3x slower beside long sessions than beside short ones, and the
+    # offset curve sees it; a long session whose own readings sit at the run's typical
+    # reading is not moved by it (a whole model among cold bricks), one whose readings
+    # show it is.
+    from dlbricks.timing.engine import _Speed
+
+    rng = np.random.default_rng(0)
+    sp = _Speed()
+    readings = list(1e4 * np.exp(rng.normal(0, 0.01, 400))) + list(1.3e4 * np.exp(rng.normal(0, 0.01, 400)))
+    sp.add_readings(readings, [1e-5] * 400 + [5e-3] * 400, [True] * 800)
+    offset = sp.offset(5e-3, True)
+    assert offset > 0.05
+    ref = sp.reference_for(0.5)
+    typical = float(np.exp(np.median(np.log(readings))))
+    assert sp.reference_of(0.5, 5e-3, True, [typical] * 10) == pytest.approx(ref, rel=0.01)
+    assert sp.reference_of(0.5, 5e-3, True, [1.3e4] * 10) == pytest.approx(ref * math.exp(offset), rel=1e-6)
+    assert sp.reference_of(0.5, 5e-3, True) == pytest.approx(ref * math.exp(offset), rel=1e-6)  # no readings yet

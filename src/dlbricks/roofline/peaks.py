@@ -11,7 +11,7 @@
   as 2 ops a multiply-accumulate. The roofline bounds int ops by it. Peaks from
   before it existed read it as None; :func:`load_or_measure_peaks` then measures
   again.
-* **Bandwidth**, on arrays at least four times the last-level cache, counting bytes
+* **Bandwidth**, on arrays at least twice the last-level cache, counting bytes
   the STREAM way (arrays read plus arrays written; write-allocate traffic is not
   counted):
 
@@ -390,9 +390,12 @@ def measure_peaks(threads: int = 1, cores: Sequence[int] | None = None, quick: b
         int8_by_size = {str(n): _matmul_int8_gops(n, cfg, reps, budget) for n in sizes}
         usable = [c.size_bytes for c in caches if c.type != "Instruction"]
         llc = max(usable) if usable else 32 << 20
-        # Four times the LLC so each array streams from DRAM; at least 64 MiB in
-        # case the cache sizes are unknown or understated.
-        nbytes = max(4 * llc, 64 << 20)
+        # Twice the LLC, so each array streams from DRAM (a kernel reads two or three
+        # of them per pass); at least 64 MiB in case the cache sizes are unknown or
+        # understated. On a 480 MiB-L3 Xeon VM four times read the same bandwidths
+        # (within 3%, two interleaved pairs) and took 25-29 s instead of 7.4 s,
+        # most of it filling 5.6 GiB of arrays.
+        nbytes = max(2 * llc, 64 << 20)
         # Each stream pass moves a gigabyte or more: the best of 8 read 2-4% below the
         # best of 20 (copy and onnxruntime's Mul and Add, three pairs on a shared VM) in
         # half the time, which in `dlbricks demo` is seconds of minutes.

@@ -553,14 +553,15 @@ def test_a_cold_session_alone_in_its_rounds_reads_its_weights_from_memory():
 
 
 def test_a_warm_session_gets_discarded_runs_when_it_is_short_or_its_weights_fit_the_last_level_cache():
-    from dlbricks.timing.engine_worker import _EVICTION_CACHE_MULTIPLE, SHORT_RUN_S, discarded_runs
+    from dlbricks.timing.engine_worker import _EVICTION_CACHE_MULTIPLE, LONG_RUN_S, SHORT_RUN_S, discarded_runs
 
     llc = 32 << 20
     evict = _EVICTION_CACHE_MULTIPLE * llc
     assert discarded_runs(1e-5, 1 << 30, 1e-3, evict) == 2  # short: two, whatever its size
     assert discarded_runs(2 * SHORT_RUN_S, 1 << 20, 1.0, evict) == 1  # shorter than a burst, not short
-    assert discarded_runs(1.0, llc, 1e-3, evict) == 1  # long, but its weights fit the last-level cache
-    assert discarded_runs(1.0, llc + 1, 1e-3, evict) == 0  # long and larger: it evicts itself anyway
+    assert discarded_runs(0.1, llc, 1e-3, evict) == 1  # longer than a burst, but its weights fit the LLC
+    assert discarded_runs(0.1, llc + 1, 1e-3, evict) == 0  # longer and larger: it evicts itself anyway
+    assert discarded_runs(LONG_RUN_S, 1 << 20, 1e-3, evict) == 0  # long: a first run is as fast as any
 
 
 def _scripted_runs(times_ns):

@@ -68,21 +68,21 @@ class RunnerConfig:
             burst per round); no result is final before this many rounds, since its
             interval comes from the spread between rounds.
         max_rounds: stop after this many rounds even if a model's interval is wider.
-        cache_state: what a timed run finds in the caches. ``"warm"``: each burst
-            starts with discarded runs (two for a session under 0.5 ms, whose second
-            run after other sessions' is still up to 50% slow), so the timed runs find
-            the brick's weights and inputs cached (a brick looped alone). ``"cold"``: between two runs of a
-            session, twice the largest cache's size of other data is read (the other
-            cold sessions' runs, topped up from an eviction buffer when they fall
+        cache_state: what a timed run finds in the caches. ``"warm"``: each burst starts
+            with discarded runs (two for a session under 0.5 ms, whose second run after
+            other sessions' is still up to 50% slow; none for one of 0.5 s or more,
+            whose first run is as fast as any), so the timed runs find the brick's
+            weights and inputs cached (a brick looped alone). ``"cold"``: between two
+            runs of a session, twice the largest cache's size of other data is read (the
+            other cold sessions' runs, topped up from an eviction buffer when they fall
             short), so its weights come from DRAM whatever else is being measured; its
             inputs are read just before the run (as a layer finds the output its
             predecessor just wrote). ``"auto"``: cold for a session whose weights
             outgrow the core's L2 cache, warm for the others: a big layer streams its
-            weights from memory in a model run too (so it slows with the memory
-            traffic of the machine as the model does), while a small one is dominated
-            by the fixed cost of a call, which a cold session inflates (onnxruntime's
-            own state and code evicted too) and a model run does not. Part of the
-            result key.
+            weights from memory in a model run too (so it slows with the memory traffic
+            of the machine as the model does), while a small one is dominated by the
+            fixed cost of a call, which a cold session inflates (onnxruntime's own state
+            and code evicted too) and a model run does not. Part of the result key.
         burst_s: the longest burst one session gets per round; a brick needing more
             iterations gets them over more rounds.
         memory_budget_mb: the most memory the engine's sessions may hold at once

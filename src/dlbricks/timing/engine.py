@@ -55,7 +55,7 @@ import numpy as np
 from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.engine_process import WorkerDied, WorkerProcess
-from dlbricks.timing.engine_worker import SHORT_RUN_S, eviction_bytes
+from dlbricks.timing.engine_worker import discarded_runs, eviction_bytes
 from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.timing.session import source_nbytes
 from dlbricks.timing.stats import numbered_rounds, summarize
@@ -205,6 +205,8 @@ class _Track:
     #: Timed as a warm loop (the item says so, the cache state is "warm", or "auto"
     #: decided it).
     timed_warm: bool = False
+    #: The size of the session's model (its weights, mostly), known once prepared.
+    nbytes: int = 0
     #: Runs in each of this run's rounds (parallel to ``round_nos``).
     round_ks: list[int] = field(default_factory=list)
     #: The relative variance of single runs within a burst, one per round of at least
@@ -950,7 +952,8 @@ class _Engine:
         self.summary = EngineSummary(groups=len(self.groups))
         # cache_state "auto": sessions whose weights outgrow this are timed cold.
         self.l2_bytes = _l2_bytes() if config.cache_state == "auto" else 0
-        self.eviction_s = 0.0 if config.cache_state == "warm" else eviction_bytes() / _EVICTION_READ_BPS
+        self.eviction_nbytes = eviction_bytes()
+        self.eviction_s = 0.0 if config.cache_state == "warm" else self.eviction_nbytes / _EVICTION_READ_BPS
         self.done = 0
         #: Rounds run so far, over all batches: numbers each track's rounds.
         self.rounds_run = 0
@@ -998,8 +1001,8 @@ class _Engine:
         # A callable may also say the integer-input bounds it found while generating.
         source, bounds = prepared if isinstance(prepared, tuple) else (prepared, it.int_bounds)
         cache_state = self.config.cache_state
-        track.timed_warm = it.warm or cache_state == "warm" or (
-            cache_state == "auto" and source_nbytes(source) <= self.l2_bytes)
+        track.nbytes = source_nbytes(source)
+        track.timed_warm = it.warm or cache_state == "warm" or (cache_state == "auto" and track.nbytes <= self.l2_bytes)
         return source, dict(bounds) if bounds else None
 
     def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False) -> list[_Track]:
@@ -1093,7 +1096,7 @@ class _Engine:
             if split is not None:
                 # A warm session's discarded runs, and the round's bookkeeping, are paid
                 # whatever k is.
-                discarded_s = run_s * (2 if run_s < SHORT_RUN_S else 1) if warm else 0.0
+                discarded_s = run_s * discarded_runs(run_s, t.nbytes, cfg.burst_s, self.eviction_nbytes) if warm else 0.0
                 k_best = runs_per_burst(*split, cost_s, discarded_s + per_item_s)
                 if k_best < k_max:
                     k_max = min(k_max, max(_MIN_BURST_RUNS, math.ceil(k_best)))

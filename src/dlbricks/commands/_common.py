@@ -254,7 +254,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-rounds", type=positive_int, default=60, metavar="N",
                    help="stop after N rounds even if not precise enough (default 60)")
     e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="auto",
-                   help="warm: a burst starts with a discarded run, so the timed runs find the brick cached; "
+                   help="warm: a burst starts with discarded runs (two under 0.5 ms, none from 0.5 s), so the timed runs find the brick cached; "
                         "cold: between two runs twice the largest cache's size of other data is read (other "
                         "sessions' runs, topped up from an eviction buffer), so its weights come from memory, and "
                         "its inputs are read just before it; auto (default): cold for bricks whose weights outgrow "

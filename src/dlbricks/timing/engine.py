@@ -485,6 +485,8 @@ class _Speed:
         self.version = 0
         self._early: list[tuple[float, float, bool]] = []
         self._logs = np.zeros(0)
+        #: The median of ``_logs``: the run's typical reading (log), offsets taken out.
+        self._typical_log = 0.0
         self._refs: dict[float, float] = {}
         self._curves: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -516,6 +518,7 @@ class _Speed:
                 self._curves[state] = curve
                 offsets[mask] = np.interp(runs[mask], *curve)
         self._logs = mid + np.clip(dev - offsets, -_MAX_DEVIATION, _MAX_DEVIATION)
+        self._typical_log = float(np.median(self._logs))
         self._refs = {}
 
     def offset(self, run_s: float, warm: bool) -> float:
@@ -539,7 +542,7 @@ class _Speed:
         offset = self.offset(run_s, warm)
         own = [math.log(p) for p in readings if p > 0]
         if own and self._logs.size:
-            seen = float(np.median(own)) - float(np.median(self._logs))
+            seen = float(np.median(own)) - self._typical_log
             offset = min(offset, max(seen, 0.0)) if offset > 0 else max(offset, min(seen, 0.0))
         return ref * math.exp(offset)
 

@@ -349,6 +349,30 @@ def test_types_the_source_declares_give_way_to_those_onnxruntime_produces(tmp_pa
         ("com.microsoft::Gelu", (TensorType(F, (3, 16)),)), ("Relu", (TensorType(F, (3, 16)),))]
 
 
+def test_values_shape_inference_cannot_type_are_read_off_a_second_run(tmp_path, monkeypatch):
+    # NonZero's output size depends on the values: ONNX inference leaves it and the
+    # Cast after it without a static shape, so a second run exposes them. (The loader
+    # needs static shapes, so this is the optimiser's step alone.)
+    nodes = [N("Gelu", ["x"], ["g"], domain="com.microsoft"), N("NonZero", ["g"], ["nz"]),
+             N("Cast", ["nz"], ["c"], to=F), N("ReduceSum", ["c"], ["y"], keepdims=0)]
+    path = tmp_path / "nonzero.onnx"
+    onnx.save(_model(nodes, [_vi("x", F, [2, 8])], [_vi("y", F, [])]), str(path))
+    runs: list[list[str]] = []
+    real = rg._run_exposing
+
+    def counted(proto, names, *args):  # type: ignore[no-untyped-def]
+        runs.append(list(names))
+        return real(proto, names, *args)
+
+    monkeypatch.setattr(rg, "_run_exposing", counted)
+    proto = rg.optimized_model(str(path))
+    assert runs == [["g"], ["nz", "c"]]
+    types = {vi.name: (vi.type.tensor_type.elem_type, [d.dim_value for d in vi.type.tensor_type.shape.dim])
+             for vi in list(proto.graph.value_info) + list(proto.graph.output)}
+    # The runs feed zeros: Gelu(0) = 0, so NonZero finds none.
+    assert types == {"g": (F, [2, 8]), "nz": (TensorProto.INT64, [2, 0]), "c": (F, [2, 0]), "y": (F, [])}
+
+
 # -- runtime_models_or_sources: the runtime graph where there is one ---------------------------
 
 

@@ -198,3 +198,36 @@ def test_evaluate_attribution_with_ray_is_a_usage_error(tmp_path, capsys):
     # ...and so does the command itself, should it be handed one.
     with pytest.raises(UsageError, match="--attribution does not apply with --ray"):
         evaluate.run(argparse.Namespace(attribution=True, ray="local"))
+
+
+def test_sigterm_ends_a_run_as_an_interrupt_does_and_leaves_no_spooled_bricks(tmp_path):
+    import glob
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import light
+    from dlbricks.timing.engine_process import spool_dir
+
+    spool = spool_dir()
+    if spool is None:
+        pytest.skip("no tmpfs to spool bricks to")
+    before = set(glob.glob(os.path.join(spool, "dlbricks-bricks-*")))
+    proc = subprocess.Popen([sys.executable, "-m", "dlbricks", "evaluate", str(light("squeezenet")), "-G", "1",
+                             "--store", str(tmp_path / "r.sqlite")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not set(glob.glob(os.path.join(spool, "dlbricks-bricks-*"))) - before:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before spooling bricks"
+            time.sleep(0.05)
+        spooled = set(glob.glob(os.path.join(spool, "dlbricks-bricks-*"))) - before
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    assert not {p for p in spooled if os.path.exists(p)}

@@ -12,6 +12,7 @@ import argparse
 import gc
 import importlib
 import shutil
+import signal
 import sys
 from typing import Any
 
@@ -130,11 +131,21 @@ def console_main() -> int:
     the whole heap a moment later; for a quick command that is most of the time spent
     after it returns. Shutdown itself is unchanged: atexit handlers run, streams are flushed, modules are torn
     down; only garbage cycles that are still alive at the end are left to the OS.
+
+    A SIGTERM (``kill``, ``timeout``, a batch scheduler) ends the program as an
+    interrupt does, through every ``finally``: the worker processes are stopped and
+    the bricks spooled to ``/dev/shm`` (memory, gigabytes for a large corpus) are removed,
+    where the default action would leave both behind.
     """
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return main()
     finally:
         gc.freeze()
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -343,7 +343,7 @@ def test_a_few_rounds_that_slow_everything_do_not_make_a_long_sessions_slope():
 def test_few_rounds_take_the_pooled_slope_of_their_run_time_class():
     # Six rounds, one slow beside a slow reading: any line fits them. A long session
     # then gets the slope that long sessions of the run share, not the short ones'.
-    from dlbricks.timing.engine import _slope_sums, _Speed
+    from dlbricks.timing.engine import _SLOPE_SD, _slope_sums, _Speed
 
     class Fake:
         def __init__(self, meds, probes, run_s):
@@ -369,6 +369,13 @@ def test_few_rounds_take_the_pooled_slope_of_their_run_time_class():
     meds, probes = [275e6, 284e6, 268e6, 276e6, 373e6, 273e6], [8e3, 9e3, 8e3, 8e3, 11e3, 8e3]
     assert np.polyfit(np.log(probes), np.log(meds), 1)[0] > 0.5  # the premise: a steep line
     assert sp.slope_of(_slope_sums(meds, probes), 0.27)[0] == pytest.approx(sp.slope_for(0.27))
+    # ...with the variance of a slope not known: its rounds contradict the pooled one.
+    assert sp.slope_of(_slope_sums(meds, probes), 0.27)[1] == pytest.approx(_SLOPE_SD**2)
+    # Rounds that stay flat while the readings beside them move 30% bound the slope
+    # near the pooled one of long sessions, though they are too few to move it.
+    flat = [180e6, 181e6, 179.5e6, 180.5e6, 180.2e6]
+    slope, var = sp.slope_of(_slope_sums(flat, [10e3, 7.7e3, 9.8e3, 10.2e3, 7.8e3]), 0.18)
+    assert slope == pytest.approx(sp.slope_for(0.18)) and var < 0.01 * _SLOPE_SD**2
 
 
 def test_the_offset_curve_follows_run_time_and_is_flat_where_the_readings_show_none():

@@ -366,6 +366,8 @@ _Sums = tuple[float, float, float, float]
 
 #: The slopes tried for a session's robust starting fit (see :func:`_slope_sums`).
 _SLOPE_GRID = np.linspace(0.0, _MAX_SLOPE, 31)
+#: The share of rounds a session's starting line is judged on (see :func:`_slope_sums`).
+_LINE_QUANTILE = 0.75
 #: Tukey's bisquare constant (95% efficiency on normal residuals), in robust sds.
 _BISQUARE_C = 4.685
 
@@ -383,7 +385,7 @@ def _slope_sums(meds: Sequence[float], probes: Sequence[float]) -> _Sums:
     both is pulled to the few: whole models of 200 ms got slopes of 0.5, and brought
     to the reference with them their rounds spread 3x wider than as read. So the fit
     starts from the slope whose residuals have the least median deviation (a grid over
-    [0, _MAX_SLOPE]; half the rounds may be off the line) and weighs each round by
+    [0, _MAX_SLOPE], judged on three quarters of the rounds) and weighs each round by
     Tukey's bisquare of its residual from that line: rounds far off it weigh nothing.
     Centred, the sums do not depend on the reference speed."""
     pts = [(math.log(p), math.log(m)) for m, p in zip(meds, probes) if p > 0 and m > 0]
@@ -394,10 +396,15 @@ def _slope_sums(meds: Sequence[float], probes: Sequence[float]) -> _Sums:
     xs = np.clip(xy[:, 0] - np.median(xy[:, 0]), -_MAX_DEVIATION, _MAX_DEVIATION)
     ys = np.clip(xy[:, 1] - np.median(xy[:, 1]), -_MAX_DEVIATION, _MAX_DEVIATION)
     resid = ys[None, :] - _SLOPE_GRID[:, None] * xs[None, :]
-    spread = np.median(np.abs(resid - np.median(resid, axis=1, keepdims=True)), axis=1)
+    dev = np.abs(resid - np.median(resid, axis=1, keepdims=True))
+    # The line is judged on three quarters of the rounds, not half: the readings are
+    # often bimodal (the core's two speeds), and half the rounds then sit at nearly one
+    # reading, where every slope fits them and the noise alone picks one; the rounds at
+    # the other reading, off that line, would then weigh nothing.
+    spread = np.quantile(dev, _LINE_QUANTILE, axis=1)
     best = int(np.argmin(spread))
     r = resid[best] - np.median(resid[best])
-    scale = 1.4826 * float(spread[best])
+    scale = 1.4826 * float(np.median(np.abs(r)))
     if scale > 0:
         u = r / (_BISQUARE_C * scale)
         w = np.where(np.abs(u) < 1.0, (1.0 - u * u) ** 2, 0.0)
@@ -576,15 +583,29 @@ class _Speed:
         weighted least-squares fit and the pooled slope of its run-time class, weighed by their
         precisions (the fit's: Sxx over its residual variance; the pooled one's: one
         over ``_SLOPE_SD`` squared). A session with fewer than ``_MIN_SLOPE_ROUNDS``
-        rounds on the line, or whose rounds all met one speed, gets the pooled slope,
-        with the variance of a slope not known: on a handful of rounds one slow round
-        at a high reading makes any line (VGG-19, six rounds, one of them 1.35x slow
-        beside a reading 1.35x slow: a fitted slope of 1, where long runs have 0.05)."""
+        rounds on the line, or whose rounds all met one speed, gets the pooled slope:
+        on a handful of rounds one slow round at a high reading makes any line (VGG-19,
+        six rounds, one of them 1.35x slow beside a reading 1.35x slow: a fitted slope
+        of 1, where long runs have 0.05). Its variance is then that of a slope not
+        known, or, with four rounds or more, the own fit's variance plus its squared
+        distance from the pooled slope where that is less."""
         prior = self.slope_for(run_s)
         sxx, sxy, syy, n = sums
-        if n < _MIN_SLOPE_ROUNDS or sxx <= 0:
+        if n <= 2 or sxx <= 0:
             return prior, _SLOPE_SD**2
         resid = max((syy - sxy * sxy / sxx) / (n - 2), 1e-6)
+        if n < _MIN_SLOPE_ROUNDS:
+            if n < 4:
+                return prior, _SLOPE_SD**2
+            # Too few rounds to move the slope, but not to bound how far it can be
+            # from the pooled one: a whole model's rounds that stay within 1% while the
+            # readings beside it move by 30% (mostly its own wake: :meth:`reference_of`)
+            # say its slope is near 0, which is the pooled slope of long sessions. Taken
+            # as unknown (``_SLOPE_SD``), the slope's variance times the readings'
+            # distance from the reference widened such a model's interval to +/-5-10%
+            # until its eighth round (ResNet-18 at 24 ms: +/-0.5% from then on).
+            own = min(max(sxy / sxx, 0.0), _MAX_SLOPE)
+            return prior, min(_SLOPE_SD**2, resid / sxx + (own - prior) ** 2)
         w = resid / _SLOPE_SD**2
         return min(max((sxy + w * prior) / (sxx + w), 0.0), _MAX_SLOPE), resid / (sxx + w)
 

@@ -1281,8 +1281,8 @@ class _Engine:
         measured = [t for t in self.tracks.values() if t.round_nos]
         if not measured:
             # Before the first round nothing says how many rounds the precision needs,
-            # nor what the sessions still to open cost (whole models, opened last, take
-            # a hundred times a brick's set-up): no estimate rather than a wrong one.
+            # nor what the sessions still to open cost (a whole model takes a hundred
+            # times a brick's set-up): no estimate rather than a wrong one.
             return None
         left = self.rounds_left()
         # A session not yet in a round costs its run time times what a round's burst

@@ -226,8 +226,9 @@ def _inferred_types(
 ) -> dict[str, onnx.TypeProto]:
     """The static tensor types ONNX shape inference gives the graph's values, from the
     inputs' fed shapes and the ``known`` types (an empty dict where it fails)."""
-    graph = onnx.GraphProto()
-    graph.CopyFrom(proto.graph)
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    graph = model.graph
     del graph.value_info[:]
     for vi in graph.input:
         if vi.name in input_shapes and vi.type.HasField("tensor_type"):
@@ -241,9 +242,6 @@ def _inferred_types(
     for name, tp in known.items():
         if name not in outputs:
             graph.value_info.add(name=name).type.CopyFrom(tp)
-    model = onnx.ModelProto()
-    model.CopyFrom(proto)
-    model.graph.CopyFrom(graph)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # inference is a shortcut: a second run reads what it cannot

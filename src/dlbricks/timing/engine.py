@@ -591,12 +591,10 @@ class _Speed:
         distance from the pooled slope where that is less."""
         prior = self.slope_for(run_s)
         sxx, sxy, syy, n = sums
-        if n <= 2 or sxx <= 0:
+        if n < 4 or sxx <= 0:
             return prior, _SLOPE_SD**2
         resid = max((syy - sxy * sxy / sxx) / (n - 2), 1e-6)
         if n < _MIN_SLOPE_ROUNDS:
-            if n < 4:
-                return prior, _SLOPE_SD**2
             # Too few rounds to move the slope, but not to bound how far it can be
             # from the pooled one: a whole model's rounds that stay within 1% while the
             # readings beside it move by 30% (mostly its own wake: :meth:`reference_of`)

@@ -262,7 +262,7 @@ def test_the_speed_probe_takes_the_cores_speed_out_of_every_session():
     assert statistics.median(abs(r - 1.0) for r in ratios[True]) < 0.01
     assert max(abs(r - 1.0) for r in ratios[True]) < 0.04
     # Over enough rounds every session meets both speeds, and its own slope is found.
-    results, _, _ = run_synthetic(specs, groups, seed=0, phase=_two_speeds, min_rounds=20)
+    results, _, _ = run_synthetic(specs, groups, seed=0, phase=_two_speeds, min_rounds=20, speed_probe=True)
     assert results["compute"].speed_slope == pytest.approx(1.0, abs=0.1)
     assert results["memory"].speed_slope == pytest.approx(0.3, abs=0.1)
     # The rounds as read are recoverable from what the result keeps.
@@ -311,7 +311,7 @@ def test_long_sessions_that_slow_the_probe_beside_them_are_not_taken_as_run_in_s
     ratios = []
     for seed in range(3):
         results, _, _ = run_synthetic(specs, groups, seed=seed, phase=_two_speeds, precision=0.02,
-                                      min_rounds=10, max_rounds=20)
+                                      min_rounds=10, max_rounds=20, speed_probe=True)
         recon = sum(results[i].stats.median for i in groups["recon"])
         ratios.append(recon / results["model"].stats.median)
     if fit_offsets:
@@ -625,7 +625,8 @@ def test_real_workers_measure_sessions_from_bytes(cache_state):
     items = [EngineItem(f"mm{n}", _matmul_model(n, f"mm{n}"), label=f"mm{n}") for n in (64, 256, 512)]
     items.append(EngineItem("broken", b"not an onnx model", label="broken"))
     results: dict[str, object] = {}
-    summary = measure(items, [Group("m", {"mm64": 1.0, "mm256": 1.0})], RunnerConfig(cache_state=cache_state),
+    summary = measure(items, [Group("m", {"mm64": 1.0, "mm256": 1.0})],
+                      RunnerConfig(cache_state=cache_state, speed_probe=True),
                       on_result=lambda it, r: results.__setitem__(it.id, r))
     assert isinstance(results["broken"], Failure) and "broken" in results["broken"].error
     for n in (64, 256, 512):

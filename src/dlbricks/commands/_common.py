@@ -266,10 +266,11 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--no-call-overhead", action="store_true",
                    help="do not correct for each brick's fixed per-call cost (calibrated on this machine by two "
                         "probe models; by default it is counted once per model instead of once per brick)")
-    e.add_argument("--no-speed-probe", action="store_true",
-                   help="take each round's median as read, instead of bringing it to one reference speed of the "
-                        "core read by a small probe kernel timed around every burst (on a shared host the core's "
-                        "speed changes for seconds at a time, so the sessions of one round meet different speeds)")
+    e.add_argument("--speed-probe", action=argparse.BooleanOptionalAction, default=False,
+                   help="bring each round's median to one reference speed of the core, read by a small probe "
+                        "kernel timed around every burst (on a shared host the core's speed changes for seconds "
+                        "at a time, so the sessions of one round meet different speeds); off by default: its "
+                        "fitted slopes add more spread between runs than they take out")
     e.add_argument("--no-huge-pages", action="store_true",
                    help="do not back the measured sessions' memory with transparent huge pages (by default they "
                         "are, where glibc and the kernel allow: with 4 KiB pages a session's latency depends on "
@@ -338,7 +339,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
             cache_state=args.cache_state,
             memory_budget_mb=args.memory_budget,
             call_overhead=not args.no_call_overhead,
-            speed_probe=not args.no_speed_probe,
+            speed_probe=args.speed_probe,
             clock=args.clock,
             huge_pages=not args.no_huge_pages,
         )

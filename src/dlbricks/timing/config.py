@@ -118,8 +118,16 @@ class RunnerConfig:
             core, read by a small MatMul timed around each burst (see
             :class:`dlbricks.timing.engine._Speed`): on a shared host the core's speed
             changes by up to 1.5x for seconds at a time, and the sessions of one round
-            meet different speeds. Changes how rounds are weighed, not what is timed,
-            so it keys no result.
+            meet different speeds. Off by default: the fitted slopes and reference add
+            more spread between runs than they take out (2-core Xeon VM, interleaved
+            pairs of three runs of four light models: the largest range of a model's
+            normalized latency had median 0.050 with it, 0.023 without, lower without
+            in 6 of 7 pairs; `evaluate -G 1,3` of the modern corpus, 2 pairs: 422 and
+            220 s with it, 202 and 192 s without, 58% and 89% of its models within
+            10% against 94% and 94%), though it brought the light models about 1%
+            closer to their end-to-end latency (RMSPE 0.046-0.048 against
+            0.052-0.053, 3 pairs). Changes how rounds are weighed,
+            not what is timed, so it keys no result.
     """
 
     intra_op_threads: int = 1
@@ -142,7 +150,7 @@ class RunnerConfig:
     burst_s: float = 0.02
     memory_budget_mb: int = 0
     call_overhead: bool = True
-    speed_probe: bool = True
+    speed_probe: bool = False
     clock: str = "auto"
     thread_spinning: bool = False
     huge_pages: bool = True

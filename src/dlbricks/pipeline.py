@@ -26,7 +26,7 @@ from dlbricks.model import Model, ModelLike, layer_kinds
 from dlbricks.progress import Progress
 from dlbricks.timing import calibration
 from dlbricks.timing.engine import EngineItem, EngineProgress, Group, measure
-from dlbricks.timing.engine_process import spool_dir
+from dlbricks.timing.engine_process import remove_stale_spools, spool_dir, spool_prefix
 from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.versions import brick_digest_version, model_digest_version
 
@@ -245,7 +245,8 @@ def bench(
     for kind, n in reused.items():
         setattr(summary, f"{kind}s_reused", n)
 
-    tmp_ctx = (tempfile.TemporaryDirectory(prefix="dlbricks-bricks-", dir=spool_dir()) if workdir is None
+    remove_stale_spools()
+    tmp_ctx = (tempfile.TemporaryDirectory(prefix=spool_prefix("bricks"), dir=spool_dir()) if workdir is None
                else contextlib.nullcontext(str(workdir)))
     with tmp_ctx as wd, Progress(progress, "benchmarking") as bar:
         out = Path(wd)

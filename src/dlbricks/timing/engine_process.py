@@ -35,6 +35,52 @@ def spool_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+def spool_prefix(kind: str) -> str:
+    """The name prefix of this process's spooled files and folders of ``kind``: it
+    carries the process id, so that :func:`remove_stale_spools` can tell whose they are."""
+    return f"dlbricks-{kind}-{os.getpid()}-"
+
+
+def remove_stale_spools() -> int:
+    """Remove the spooled files and folders of dlbricks processes that no longer run (a
+    run killed with ``kill -9`` cannot clean up, and on tmpfs what it left holds
+    memory: gigabytes of generated models for a large corpus). Returns how many."""
+    import re
+    import shutil
+
+    pattern = re.compile(r"dlbricks-(?:bricks|model)-(\d+)-")
+    removed = 0
+    for folder in {spool_dir() or tempfile.gettempdir(), tempfile.gettempdir()}:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            m = pattern.match(name)
+            if m is None or _alive(int(m.group(1))):
+                continue
+            path = os.path.join(folder, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    continue
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
+
+
 def worker_env(config: RunnerConfig) -> dict[str, str]:
     """The environment a worker process starts with: this one's, with one OpenMP
     thread (onnxruntime's own pools do the threading) and, with ``config.huge_pages``,
@@ -121,7 +167,7 @@ class WorkerProcess:
         if msg and msg[0] == "open" and isinstance(msg[2], bytes) and len(msg[2]) > _SPOOL_BYTES:
             # A large model goes through a file: one write here, one read there, instead
             # of a pipe the parent's generating thread must keep feeding 64 KiB at a time.
-            fd, path = tempfile.mkstemp(prefix="dlbricks-model-", suffix=".onnx", dir=spool_dir())
+            fd, path = tempfile.mkstemp(prefix=spool_prefix("model"), suffix=".onnx", dir=spool_dir())
             with os.fdopen(fd, "wb") as f:
                 f.write(msg[2])
             self.spooled.append(path)

@@ -44,3 +44,15 @@ def test_the_linux_form_of_a_set_parses_back_to_it(cpus):
 def test_usable_cpus_are_sorted_and_not_empty():
     cpus = usable_cpus()
     assert cpus and cpus == sorted(set(cpus))
+
+
+def test_the_numa_node_of_a_cpu_comes_from_sysfs(tmp_path):
+    from dlbricks.cpuset import numa_node_of
+
+    for node, cpus in ((0, "0-3"), (1, "4-7,12")):
+        (tmp_path / f"node{node}").mkdir()
+        (tmp_path / f"node{node}" / "cpulist").write_text(cpus + "\n")
+    (tmp_path / "possible").write_text("0-1\n")
+    assert [numa_node_of(c, str(tmp_path)) for c in (0, 3, 4, 12)] == [0, 0, 1, 1]
+    assert numa_node_of(99, str(tmp_path)) == 0  # not listed: node 0
+    assert numa_node_of(1, str(tmp_path / "absent")) == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
+import time
 
 import numpy as np
 import pytest
@@ -897,3 +898,161 @@ def test_a_sessions_probe_offset_goes_no_further_than_its_own_readings():
     assert sp.reference_of(0.5, 5e-3, True, [typical] * 10) == pytest.approx(ref, rel=0.01)
     assert sp.reference_of(0.5, 5e-3, True, [1.3e4] * 10) == pytest.approx(ref * math.exp(offset), rel=1e-6)
     assert sp.reference_of(0.5, 5e-3, True) == pytest.approx(ref * math.exp(offset), rel=1e-6)  # no readings yet
+
+
+class _Logged(SyntheticWorker):
+    """A synthetic worker that logs every request and reply in a log shared by all,
+    and answers ``pin`` requests (recording where it is)."""
+
+    def __init__(self, *args, log, name, **kw):
+        super().__init__(*args, **kw)
+        self.log, self.name, self.cpus = log, name, None
+
+    def send(self, msg):
+        if msg is not None:
+            self.log.append(("send", self.name, msg[0], self.cpus))
+        if msg is not None and msg[0] == "pin":
+            self.cpus = msg[1]
+            self._replies.append(("pinned",))
+            return
+        super().send(msg)
+
+    def reply(self, timeout_s, doing):
+        r = super().reply(timeout_s, doing)
+        self.log.append(("reply", self.name, r[0]))
+        return r
+
+
+def _run_with_openers(monkeypatch, n_items=40, jobs=1, cores=(1,), spare=(0,)):
+    from dlbricks.timing import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "_opening_cpus", lambda config, lanes: list(spare))
+    rng = np.random.default_rng(3)
+    log: list[tuple] = []
+    names = iter(range(100))
+    specs = {f"b{i}": {"ns": 1e5 * (1 + i % 7), "cv": 0.02} for i in range(n_items)}
+    results: dict[str, object] = {}
+    summary = measure([EngineItem(i, s) for i, s in specs.items()], [Group("m", {i: 1.0 for i in specs})],
+                      RunnerConfig(cores=cores), on_result=lambda it, r: results.__setitem__(it.id, r), jobs=jobs,
+                      worker_factory=lambda c, t: _Logged(c, t, rng=rng, log=log, name=next(names)))
+    return results, summary, log
+
+
+def test_sessions_are_built_on_a_spare_cpu_too_and_timed_one_process_at_a_time(monkeypatch):
+    results, summary, log = _run_with_openers(monkeypatch)
+    assert all(isinstance(r, Measurement) for r in results.values()) and len(results) == 40
+    assert summary.worker_starts == 2
+    opened_by = collections.Counter(name for ev, name, op, *_ in log if ev == "send" and op == "open")
+    assert len(opened_by) == 2, opened_by  # both processes build sessions
+    # The extra process builds its sessions on the spare CPU and is home for every round.
+    opens = [e for e in log if e[0] == "send" and e[2] == "open"]
+    rounds = [e for e in log if e[0] == "send" and e[2] == "round"]
+    assert {e[1]: e[3] for e in opens} == {0: None, 1: [0]}
+    assert rounds and all(e[3] is None for e in rounds)
+    # A lane's processes take turns: never two rounds out at once.
+    out = 0
+    for ev, name, op, *_ in log:
+        if op == "round":
+            out += 1 if ev == "send" else -1
+            assert out <= 1
+
+
+def test_each_lane_gets_its_own_opening_process_and_lanes_run_at_once(monkeypatch):
+    results, summary, log = _run_with_openers(monkeypatch, jobs=2, cores=(2, 3), spare=(0, 1))
+    assert all(isinstance(r, Measurement) for r in results.values())
+    assert summary.worker_starts == 4
+    out, most = 0, 0
+    for ev, name, op, *_ in log:
+        if op == "round":
+            out += 1 if ev == "send" else -1
+            most = max(most, out)
+    assert most == 2  # one round out per lane
+
+
+def test_opening_costs_sum_to_the_wall_time_it_took():
+    # Workers that say each session took a second to build, in a run that takes far
+    # less: the sessions' costs are their share of the real wall time.
+    class Slow(SyntheticWorker):
+        def reply(self, timeout_s, doing):
+            r = super().reply(timeout_s, doing)
+            if r[0] == "opened":
+                r[2]["setup_s"] = 1.0
+            return r
+
+    rng = np.random.default_rng(0)
+    results: dict[str, object] = {}
+    specs = {f"b{i}": {"ns": 1e5, "cv": 0.01} for i in range(20)}
+    t0 = time.perf_counter()
+    measure([EngineItem(i, s) for i, s in specs.items()], [], RunnerConfig(),
+            on_result=lambda it, r: results.__setitem__(it.id, r), worker_factory=lambda c, t: Slow(c, t, rng=rng))
+    wall = time.perf_counter() - t0
+    assert sum(r.setup_time_s for r in results.values()) <= wall
+    assert all(r.setup_time_s > 0 for r in results.values())
+
+
+def test_real_workers_build_on_a_spare_cpu_and_time_on_the_pinned_one():
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two usable CPUs")
+    items = [EngineItem(f"mm{n}", _matmul_model(n, f"mm{n}")) for n in (32, 48, 64, 96, 128, 160)]
+    results: dict[str, object] = {}
+    summary = measure(items, [], RunnerConfig(cores=(cpus[-1],), open_cores=(cpus[0],), max_rounds=6),
+                      on_result=lambda it, r: results.__setitem__(it.id, r))
+    assert summary.worker_starts == 2 and summary.measured == 6
+    assert all(isinstance(r, Measurement) and r.stats.median > 0 for r in results.values())
+
+
+def test_a_worker_gives_back_the_memory_of_closed_sessions():
+    from dlbricks.timing.engine_process import WorkerProcess
+
+    wk = WorkerProcess(RunnerConfig(cache_state="warm"), 60.0)
+    try:
+        wk.send(("open", "big", _matmul_model(4096, "big"), None, 0, 0))  # 64 MiB of weights
+        opened = wk.reply(60.0, "opening")
+        assert opened[0] == "opened", opened
+        wk.send(("close", ["big"]))
+        closed = wk.reply(60.0, "closing")
+        assert closed[1] < opened[2]["rss"] - (48 << 20), (opened[2]["rss"], closed[1])
+    finally:
+        wk.stop()
+
+
+def test_spooled_files_of_processes_that_no_longer_run_are_removed(tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    from dlbricks.timing import engine_process
+
+    monkeypatch.setattr(engine_process, "spool_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(engine_process.tempfile, "gettempdir", lambda: str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"dlbricks-bricks-{dead.pid}-abc").mkdir()
+    (tmp_path / f"dlbricks-bricks-{dead.pid}-abc" / "x.onnx").write_bytes(b"x" * 100)
+    (tmp_path / f"dlbricks-model-{dead.pid}-def.onnx").write_bytes(b"x")
+    mine = tmp_path / f"dlbricks-bricks-{os.getpid()}-ghi"
+    mine.mkdir()
+    other = tmp_path / "dlbricks-bricks-notapid"
+    other.mkdir()
+    assert engine_process.remove_stale_spools() == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])
+
+
+def test_a_session_that_kills_an_opening_process_fails_alone(monkeypatch):
+    from dlbricks.timing import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "_opening_cpus", lambda config, lanes: [0])
+    rng = np.random.default_rng(5)
+    log: list[tuple] = []
+    names = iter(range(100))
+    specs = {f"b{i}": {"ns": 2e5, "cv": 0.02} for i in range(12)}
+    specs["b7"] = {"ns": 2e5, "cv": 0.02, "crash_on_open": True}
+    results: dict[str, object] = {}
+    summary = measure([EngineItem(i, s) for i, s in specs.items()], [], RunnerConfig(cores=(1,)),
+                      on_result=lambda it, r: results.__setitem__(it.id, r),
+                      worker_factory=lambda c, t: _Logged(c, t, rng=rng, log=log, name=next(names)))
+    assert isinstance(results["b7"], Failure) and results["b7"].reason == "crash"
+    assert all(isinstance(results[i], Measurement) for i in specs if i != "b7")
+    assert summary.failed == 1 and summary.measured == 11 and summary.worker_starts == 3

@@ -337,3 +337,18 @@ def test_results_from_before_the_engine_are_judged_with_their_drift(zoo, tmp_pat
         check = assess([chain], [1], store=st, system_id=sid, config_key=config.key(), precision=0.02)
         (flagged,) = check.flagged
         assert flagged.model == "chain" and flagged.rel_halfwidth > 0.02 and not check.unconverged
+
+
+def test_open_cores_default_to_the_engines_choice_unless_timing_cores_are_named():
+    from dlbricks.commands._common import UsageError
+    from dlbricks.cpuset import usable_cpus
+
+    cpu = usable_cpus()[0]
+    assert _config([]).open_cores is None
+    assert _config(["--cores", str(cpu)]).open_cores == ()
+    assert _config(["--open-cores", "none"]).open_cores == ()
+    assert _config(["--cores", str(cpu), "--open-cores", str(cpu)]).open_cores == (cpu,)
+    with pytest.raises(UsageError, match="--open-cores"):
+        _config(["--open-cores", "x"])
+    with pytest.raises(UsageError, match="--open-cores '4096'"):
+        _config(["--open-cores", "4096"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["parse_ranges", "usable_cpus"]
+__all__ = ["numa_node_of", "parse_ranges", "usable_cpus"]
 
 
 def parse_ranges(text: str) -> list[int]:
@@ -34,3 +34,24 @@ def usable_cpus() -> list[int]:
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
+
+
+_NODE_ROOT = "/sys/devices/system/node"
+
+
+def numa_node_of(cpu: int, root: str = _NODE_ROOT) -> int:
+    """The NUMA node of ``cpu`` (0 where the system does not say)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    for name in names:
+        if not (name.startswith("node") and name[4:].isdigit()):
+            continue
+        try:
+            with open(os.path.join(root, name, "cpulist")) as f:
+                if cpu in parse_ranges(f.read()):
+                    return int(name[4:])
+        except (OSError, ValueError):
+            continue
+    return 0

@@ -233,6 +233,9 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cores", metavar="LIST",
                    help=f"pin to these CPUs, e.g. 1 or 0-3 (default: the last usable CPU, here {cpus[-1] if cpus else 0})")
     g.add_argument("--no-pin", action="store_true", help="do not pin to CPUs")
+    g.add_argument("--open-cores", metavar="LIST",
+                   help="CPUs where sessions are built while none is timed, e.g. 0, or 'none' (default: the "
+                        "other usable CPUs when --cores is not given, else none)")
     hidden = argparse.SUPPRESS
     g.add_argument("--warmup", type=int, default=5, metavar="N", help=hidden)
     g.add_argument("--warmup-time", type=float, default=0.05, metavar="S", help=hidden)
@@ -281,7 +284,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and inputs")
 
 
-def parse_cores(text: str | None) -> tuple[int, ...]:
+def parse_cores(text: str | None, option: str = "--cores") -> tuple[int, ...]:
     """``0-3,6`` -> (0, 1, 2, 3, 6).
 
     Raises:
@@ -292,14 +295,25 @@ def parse_cores(text: str | None) -> tuple[int, ...]:
     try:
         cores = set(parse_ranges(text))
     except ValueError:
-        raise UsageError(f"--cores {text!r}: expected CPU ids like 0-3,6") from None
+        raise UsageError(f"{option} {text!r}: expected CPU ids like 0-3,6") from None
     allowed = set(usable_cpus())
     bad = sorted(cores - allowed)
     if bad:
-        raise UsageError(f"--cores {text!r}: CPU {bad[0]} is not available (allowed: {sorted(allowed)})")
+        raise UsageError(f"{option} {text!r}: CPU {bad[0]} is not available (allowed: {sorted(allowed)})")
     if not cores:
-        raise UsageError("--cores: no CPU given")
+        raise UsageError(f"{option}: no CPU given")
     return tuple(sorted(cores))
+
+
+def open_cores(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """``--open-cores``: None (the engine's default) unless given, or unless ``--cores``
+    is (a user who names the timing cores may want the others left alone)."""
+    text = getattr(args, "open_cores", None)
+    if text is None:
+        return () if getattr(args, "cores", None) else None
+    if text.strip().lower() == "none":
+        return ()
+    return parse_cores(text, "--open-cores")
 
 
 def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
@@ -342,6 +356,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
             speed_probe=args.speed_probe,
             clock=args.clock,
             huge_pages=not args.no_huge_pages,
+            open_cores=open_cores(args),
         )
     except DlbricksError as exc:
         # RunnerConfig rejects impossible settings with a DlbricksError: the user's to

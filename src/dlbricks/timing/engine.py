@@ -75,6 +75,9 @@ _LEVEL = 0.95
 #: Open requests in flight per worker: enough to overlap generation here with session
 #: building there, few enough that a crash re-sends little.
 _OPEN_AHEAD = 3
+#: The most extra processes opening sessions on CPUs that time nothing (over all
+#: lanes): beyond a few, generating the bricks here is what the opening waits for.
+_MAX_OPENERS = 3
 #: Iteration times a checkpoint keeps per result (the per-round medians are kept whole).
 _CHECKPOINT_TIMES = 128
 #: The least time between two progress reports while sessions are being opened.
@@ -189,7 +192,10 @@ def t_quantile(df: float, level: float = _LEVEL) -> float:
 @dataclass
 class _Track:
     item: EngineItem
+    #: The process its session is (or was last) opened in...
     worker: int
+    #: ...one of its lane's (see :class:`_Engine`).
+    lane: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     times: list[int] = field(default_factory=list)
     round_medians: list[float] = field(default_factory=list)
@@ -919,6 +925,24 @@ def _memory_budget(config: RunnerConfig) -> int:
     return 4 << 30
 
 
+def _opening_cpus(config: RunnerConfig, lanes: Sequence[RunnerConfig]) -> list[int]:
+    """CPUs where extra worker processes open sessions while no round runs (see
+    ``RunnerConfig.open_cores``): the ones given, or by default the usable CPUs outside
+    the timing cores on the same NUMA node (weights are allocated where a session is
+    built). None with pool threads: their affinities are fixed to the timing cores when
+    a session is created, so a session built elsewhere would still warm up on them."""
+    if config.intra_op_threads != 1 or config.cores is None:
+        return []
+    from dlbricks.cpuset import numa_node_of, usable_cpus
+
+    timing = {c for lane in lanes for c in (lane.cores or ())}
+    usable = set(usable_cpus())
+    if config.open_cores is not None:
+        return sorted((set(config.open_cores) & usable) - timing)
+    nodes = {numa_node_of(c) for c in timing}
+    return sorted(c for c in usable - timing if numa_node_of(c) in nodes)
+
+
 def _worker_configs(config: RunnerConfig, jobs: int) -> list[RunnerConfig]:
     from dataclasses import replace
 
@@ -952,14 +976,34 @@ class _Engine:
         self.on_result = on_result
         self.on_progress = on_progress
         self.start_timeout_s = start_timeout_s
+        # One lane per job: a core set timing its sessions, concurrently with the other
+        # lanes. A lane may hold more than one worker process: the extra ones build their
+        # sessions on CPUs that time nothing (a session's set-up is mostly onnxruntime's
+        # graph work and first-touch page faults, which another core does as well) and
+        # come home to the lane's cores for the rounds, where the lane's processes take
+        # turns, so that no two of a lane's sessions are ever timed at once.
         self.worker_configs = _worker_configs(config, jobs)
-        self.workers: list[WorkerProcess | None] = [None] * len(self.worker_configs)
+        spare = _opening_cpus(config, self.worker_configs)
+        extra = min(len(spare), _MAX_OPENERS) // len(self.worker_configs)
+        #: Each process's lane, and the CPUs it opens sessions on (None: its lane's).
+        self.proc_lane: list[int] = []
+        self.proc_open_cpus: list[tuple[int, ...] | None] = []
+        for lane in range(len(self.worker_configs)):
+            self.proc_lane.append(lane)
+            self.proc_open_cpus.append(None)
+            for k in range(extra):
+                self.proc_lane.append(lane)
+                self.proc_open_cpus.append((spare[lane * extra + k],))
+        self.workers: list[WorkerProcess | None] = [None] * len(self.proc_lane)
+        #: Processes now on their opening CPUs (moved home before a round).
+        self.away: set[int] = set()
         self.tracks: dict[str, _Track] = {}
         self.speed = _Speed()
         for n, it in enumerate(items):
             if it.id in self.tracks:
                 raise DlbricksError(f"measurement engine: item {it.id!r} given twice")
-            self.tracks[it.id] = _Track(it, n % len(self.worker_configs), speed=self.speed)
+            lane = n % len(self.worker_configs)
+            self.tracks[it.id] = _Track(it, self.lane_processes(lane)[0], lane=lane, speed=self.speed)
             if it.resume:
                 self.tracks[it.id].restore(it.resume)
         known = set(self.tracks)
@@ -997,10 +1041,52 @@ class _Engine:
     def worker(self, w: int) -> WorkerProcess:
         wk = self.workers[w]
         if wk is None:
-            wk = self.worker_factory(self.worker_configs[w], self.start_timeout_s)
+            wk = self.worker_factory(self.worker_configs[self.proc_lane[w]], self.start_timeout_s)
             self.workers[w] = wk
+            self.away.discard(w)
             self.summary.worker_starts += 1
         return wk
+
+    def pin(self, w: int, away: bool) -> None:
+        """Move process ``w`` to its opening CPUs (``away``) or back to its lane's."""
+        cpus = self.proc_open_cpus[w]
+        if cpus is None or (w in self.away) == away:
+            return
+        wk = self.worker(w)
+        wk.send(("pin", list(cpus) if away else None))
+        try:
+            wk.reply(self.config.timeout_s, "moving to other CPUs")
+        except WorkerDied:
+            self.workers[w] = None
+            self.reopen(w)
+            return
+        if away:
+            self.away.add(w)
+        else:
+            self.away.discard(w)
+
+    def lane_processes(self, lane: int) -> list[int]:
+        return [w for w, x in enumerate(self.proc_lane) if x == lane]
+
+    def pick(self, t: _Track, inflight: Mapping[int, list[Any]], only: int | None) -> int | None:
+        """The process to open ``t`` in: of its lane's, the one with the fewest
+        requests in flight (the lane's own first); None while all are full."""
+        ws = [only] if only is not None else self.lane_processes(t.lane)
+        w = min(ws, key=lambda x: len(inflight.get(x, ())))
+        return w if len(inflight.get(w, ())) < _OPEN_AHEAD else None
+
+    def next_reply(self, ws: Sequence[int]) -> int:
+        """Of processes ``ws`` (each awaiting a reply), one whose reply has come, or
+        the first (whose reply then waits, or times out)."""
+        conns = [getattr(self.workers[w], "rx", None) for w in ws]
+        if len(ws) > 1 and all(c is not None for c in conns):
+            from multiprocessing.connection import wait
+
+            ready = wait(conns, timeout=self.config.timeout_s)  # type: ignore[arg-type]
+            for w, c in zip(ws, conns):
+                if c in ready:
+                    return w
+        return ws[0]
 
     def fail(self, track: _Track, reason: str, error: str, wall_s: float = 0.0) -> None:
         track.open = False
@@ -1027,24 +1113,33 @@ class _Engine:
         track.timed_warm = it.warm or cache_state == "warm" or (cache_state == "auto" and track.nbytes <= self.l2_bytes)
         return source, dict(bounds) if bounds else None
 
-    def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False) -> list[_Track]:
+    def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False,
+                  only: int | None = None) -> list[_Track]:
         """Open sessions, keeping a few requests in flight per worker so that the next
         brick is generated here while the worker builds and warms up the current one.
-        Stops sending once ``stop()`` says so; returns the tracks not sent."""
+        Stops sending once ``stop()`` says so; returns the tracks not sent. ``only``:
+        open them all in that process, on its lane's CPUs (a replaced worker's sessions,
+        while other processes may have requests in flight or a round under way)."""
         queue = list(tracks)
         inflight: dict[int, list[tuple[_Track, float]]] = {}
-        t_start = time.perf_counter()
+        t_start = t_open = time.perf_counter()
+        costs: list[tuple[_Track, float, float]] = []  # each track's set-up and generation before
         while queue or any(inflight.values()):
             # Fill every worker's pipeline.
             while queue and not stop():
                 t = queue[0]
-                if len(inflight.get(t.worker, ())) >= _OPEN_AHEAD:
+                w = self.pick(t, inflight, only)
+                if w is None:
                     break
                 queue.pop(0)
+                costs.append((t, t.setup_s, t.item.prep_s))
                 prepared = self.prepare(t)
                 if prepared is None:
                     continue
-                wk = self.worker(t.worker)
+                t.worker = w
+                if only is None:
+                    self.pin(w, away=True)
+                wk = self.worker(w)
                 slot = wk.next_slot
                 wk.next_slot += 1
                 wk.slots[slot] = t.item.id
@@ -1056,7 +1151,7 @@ class _Engine:
                 if stop():
                     break
                 continue
-            w = busy[0]
+            w = self.next_reply(busy)
             t, t_sent = inflight[w].pop(0)
             self.receive_open(w, t, t_sent, inflight)
             now = time.perf_counter()
@@ -1064,7 +1159,24 @@ class _Engine:
             t_start = now
             self.opened += 1
             self.report("opening", len(queue) + sum(len(v) for v in inflight.values()))
+        self.share_opening(costs, time.perf_counter() - t_open)
         return queue
+
+    @staticmethod
+    def share_opening(costs: Sequence[tuple[_Track, float, float]], wall_s: float) -> None:
+        """Scale the set-up and generation times of the sessions just opened so that
+        they sum to the wall time it took: generation here overlaps set-up in the
+        workers, and several processes may build sessions at once, so each session's
+        own times summed would count the same seconds more than once. A session's
+        cost is then its share of the opening's real wall-clock."""
+        spent = [(t, t.setup_s - s0, t.item.prep_s - p0, s0, p0) for t, s0, p0 in costs]
+        total = sum(ds + dp for _, ds, dp, _, _ in spent)
+        if total <= wall_s or total <= 0:
+            return
+        f = wall_s / total
+        for t, ds, dp, s0, p0 in spent:
+            t.setup_s = s0 + f * ds
+            t.item.prep_s = p0 + f * dp
 
     def receive_open(self, w: int, t: _Track, t_sent: float, inflight: dict[int, list[tuple[_Track, float]]]) -> None:
         wk = self.worker(w)
@@ -1079,7 +1191,7 @@ class _Engine:
             # Whatever else was in flight on that worker is opened again in a fresh one.
             again = [x for x, _ in inflight.pop(w, []) if x is not ct] + ([t] if t is not ct else [])
             self.reopen(w)
-            self.open_many(again)
+            self.open_many(again, only=w)
             return
         if msg[0] == "failed":
             self.fail(t, "error", f"{label}: {msg[2]}", time.perf_counter() - t_sent)
@@ -1094,7 +1206,7 @@ class _Engine:
         live = [t for t in self.tracks.values() if t.worker == w and t.open]
         for t in live:
             t.open = False
-        self.open_many(live)
+        self.open_many(live, only=w)
 
     # ------------------------------------------------------------------ rounds
 
@@ -1128,16 +1240,33 @@ class _Engine:
         return plans
 
     def run_round(self, round_no: int) -> float:
-        """Run one round; returns the longest time a worker spent on it (s)."""
+        """Run one round; returns the longest time a lane spent on it (s)."""
         self.rounds_run += 1
-        longest = 0.0
+        for w in sorted(self.away):
+            self.pin(w, away=False)
         plans = self.plan(round_no)
         expected: dict[int, float] = {}
-        for w, plan in plans.items():
-            expected[w] = sum((k + 1) * self.tracks[i].median * 1e-9 for i, k, _ in plan)
-            self.worker(w).send(("round", plan))
-        for w in plans:
+        # The lanes run at once; a lane's processes one after another.
+        queued: dict[int, list[int]] = {}
+        for w in sorted(plans):
+            expected[w] = sum((k + 1) * self.tracks[i].median * 1e-9 for i, k, _ in plans[w])
+            queued.setdefault(self.proc_lane[w], []).append(w)
+        lane_s: dict[int, float] = {}
+        running: list[int] = []
+
+        def start_next(lane: int) -> None:
+            if queued[lane]:
+                w = queued[lane].pop(0)
+                self.worker(w).send(("round", plans[w]))
+                running.append(w)
+
+        for lane in queued:
+            start_next(lane)
+        while running:
+            w = self.next_reply(running)
+            running.remove(w)
             wk = self.worker(w)
+            lane = self.proc_lane[w]
             limit = _ROUND_SLACK * expected[w] + self.config.timeout_s
             try:
                 msg = wk.reply(limit, f"running round {round_no + 1}")
@@ -1148,10 +1277,12 @@ class _Engine:
                     t = self.tracks[culprit]
                     self.fail(t, exc.reason, f"{t.item.label or t.item.id}: worker {exc.detail}")
                 self.reopen(w)
+                start_next(lane)
                 continue
             times, wall_s = msg[1], msg[2]
             probes: Mapping[str, float] = msg[3] if len(msg) > 3 else {}
-            longest = max(longest, wall_s)
+            lane_s[lane] = lane_s.get(lane, 0.0) + wall_s
+            start_next(lane)
             total = sum(sum(v) for v in times.values()) or 1
             for item_id, ts in times.items():
                 t = self.tracks[item_id]
@@ -1177,7 +1308,7 @@ class _Engine:
                 self.speed.add_readings([v for v, _ in read], [t.run_s() for _, t in read],
                                         [t.timed_warm for _, t in read])
         self.speed.pool(list(self.tracks.values()))
-        return longest
+        return max(lane_s.values(), default=0.0)
 
     def finalize(self, round_no: int, force: str | None = None) -> None:
         cfg = self.config
@@ -1287,18 +1418,18 @@ class _Engine:
         # has cost the measured ones, per second of their run time.
         run_ratio = sum(t.sampling_s for t in measured) / max(
             1e-9, sum(len(t.round_nos) * t.median * 1e-9 for t in measured))
-        per_worker = [0.0] * len(self.workers)
+        per_lane = [0.0] * len(self.worker_configs)
         for i, n in left.items():
             t = self.tracks[i]
             per_round = (t.sampling_s / len(t.round_nos) if t.round_nos
                          else run_ratio * max(t.median * 1e-9, 1e-7))
-            per_worker[t.worker] += n * per_round
-        measuring = max(per_worker, default=0.0) + self.round_overhead_s * max(left.values(), default=0.0)
+            per_lane[t.lane] += n * per_round
+        measuring = max(per_lane, default=0.0) + self.round_overhead_s * max(left.values(), default=0.0)
         # Sessions not opened yet (in flight, or left for later batches) cost what a
         # measured one has: its opening plus its rounds, done and expected.
         per_session = self.open_wall_s / max(1, self.opened) + (
             sum(t.sampling_s + left.get(t.item.id, 0.0) * t.sampling_s / len(t.round_nos) for t in measured)
-            / len(measured) / len(self.workers))
+            / len(measured) / len(self.worker_configs))
         return measuring + (opening_left + self.unsent) * per_session
 
     def run(self) -> EngineSummary:

@@ -15,6 +15,8 @@ Protocol (pickled tuples over a pipe, one reply per request):
   give every listed session ``k`` timed runs, in the order the cache state asks for;
   ``probe_ns`` is the speed probe's reading around the session's burst (its cold
   runs): :class:`_SpeedReadings`.
+- ``("pin", cpus)`` -> ``("pinned",)``: move to those CPUs to build sessions while no
+  round runs, or back to the configured cores (``cpus`` None) to time them.
 - ``("close", [id, ...])`` -> ``("closed", rss_bytes)``.
 - ``None`` or end of file: exit.
 
@@ -228,6 +230,24 @@ def _rss_bytes() -> int:
         return 0
 
 
+def _release_free_memory() -> None:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``), so that
+    the resident size the engine budgets its next batch by is what sessions hold, not
+    what closed ones left in malloc's free lists."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+
+
 def _touch(arrays: list[np.ndarray]) -> None:
     # Reading every cache line brings the inputs into the caches, as a layer finds
     # the output its predecessor just wrote; summing bytes is the cheapest full read.
@@ -379,9 +399,18 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
             wall_s = time.perf_counter() - t0
             speed.take()  # the second reading of the round's last bursts, off its clock
             return ("round", out, wall_s, {i: statistics.median(v) for i, v in probes.items() if v})
+        elif op == "pin":
+            # To CPUs where sessions are built while no round runs, or home (None).
+            if msg[1] is None:
+                pin_process(config)
+            else:
+                os.sched_setaffinity(0, msg[1])
+            return ("pinned",)
         elif op == "close":
             for item_id in msg[1]:
                 sessions.pop(item_id, None)
+            if not sessions:
+                _release_free_memory()
             return ("closed", _rss_bytes())
         else:  # pragma: no cover - protocol error
             return ("error", f"unknown request {op!r}")

@@ -1056,3 +1056,27 @@ def test_a_session_that_kills_an_opening_process_fails_alone(monkeypatch):
     assert isinstance(results["b7"], Failure) and results["b7"].reason == "crash"
     assert all(isinstance(results[i], Measurement) for i in specs if i != "b7")
     assert summary.failed == 1 and summary.measured == 11 and summary.worker_starts == 3
+
+
+def test_a_killed_opening_process_is_replaced_and_its_sessions_reopened_on_the_timing_cpu():
+    import os
+    import signal
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two usable CPUs")
+    items = [EngineItem(f"mm{n}", _matmul_model(n, f"mm{n}")) for n in (32, 40, 48, 56)]
+    results: dict[str, object] = {}
+    killed: list[int] = []
+
+    def on_progress(p):
+        if p.rounds == 1 and not killed:
+            pids = sorted(_worker_pids())
+            assert len(pids) == 2
+            os.kill(pids[-1], signal.SIGKILL)  # the later-started: the opening process
+            killed.append(pids[-1])
+
+    summary = measure(items, [], RunnerConfig(cores=(cpus[-1],), open_cores=(cpus[0],), max_rounds=8),
+                      on_result=lambda it, r: results.__setitem__(it.id, r), on_progress=on_progress)
+    assert killed and summary.worker_starts == 3
+    assert all(isinstance(r, Measurement) for r in results.values()) and len(results) == 4

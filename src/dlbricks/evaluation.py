@@ -54,7 +54,8 @@ class GAccuracy:
     ``speedup`` is the paper's (sum of end-to-end latencies over the sum of the unique
     bricks' latencies); ``wallclock_speedup`` what the runs cost (seconds spent
     measuring every model end to end over seconds spent measuring the unique bricks,
-    set-up included).
+    generation and set-up included: each session's share of the real wall-clock its
+    batch took to build, where generation here and set-up in the workers overlap).
     """
 
     G: int

@@ -951,7 +951,7 @@ def test_sessions_are_built_on_a_spare_cpu_too_and_timed_one_process_at_a_time(m
     assert rounds and all(e[3] is None for e in rounds)
     # A lane's processes take turns: never two rounds out at once.
     out = 0
-    for ev, name, op, *_ in log:
+    for ev, _name, op, *_ in log:
         if op == "round":
             out += 1 if ev == "send" else -1
             assert out <= 1
@@ -962,7 +962,7 @@ def test_each_lane_gets_its_own_opening_process_and_lanes_run_at_once(monkeypatc
     assert all(isinstance(r, Measurement) for r in results.values())
     assert summary.worker_starts == 4
     out, most = 0, 0
-    for ev, name, op, *_ in log:
+    for ev, _name, op, *_ in log:
         if op == "round":
             out += 1 if ev == "send" else -1
             most = max(most, out)
@@ -1080,3 +1080,27 @@ def test_a_killed_opening_process_is_replaced_and_its_sessions_reopened_on_the_t
                       on_result=lambda it, r: results.__setitem__(it.id, r), on_progress=on_progress)
     assert killed and summary.worker_starts == 3
     assert all(isinstance(r, Measurement) for r in results.values()) and len(results) == 4
+
+
+def test_a_process_that_cannot_move_to_its_opening_cpu_builds_its_sessions_at_home(monkeypatch):
+    from dlbricks.timing import engine as engine_mod
+
+    class Stuck(_Logged):
+        def send(self, msg):
+            if msg is not None and msg[0] == "pin" and msg[1] is not None:
+                self.log.append(("send", self.name, "pin", self.cpus))
+                self._replies.append(("failed", None, "Invalid argument"))
+                return
+            super().send(msg)
+
+    monkeypatch.setattr(engine_mod, "_opening_cpus", lambda config, lanes: [0])
+    rng = np.random.default_rng(9)
+    log: list[tuple] = []
+    names = iter(range(100))
+    specs = {f"b{i}": {"ns": 2e5, "cv": 0.02} for i in range(10)}
+    results: dict[str, object] = {}
+    summary = measure([EngineItem(i, s) for i, s in specs.items()], [], RunnerConfig(cores=(1,)),
+                      on_result=lambda it, r: results.__setitem__(it.id, r),
+                      worker_factory=lambda c, t: Stuck(c, t, rng=rng, log=log, name=next(names)))
+    assert summary.measured == 10 and summary.worker_starts == 2
+    assert sum(1 for e in log if e[0] == "send" and e[2] == "pin") == 1  # tried once, then left home

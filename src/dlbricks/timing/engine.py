@@ -1055,11 +1055,16 @@ class _Engine:
         wk = self.worker(w)
         wk.send(("pin", list(cpus) if away else None))
         try:
-            wk.reply(self.config.timeout_s, "moving to other CPUs")
+            msg = wk.reply(self.config.timeout_s, "moving to other CPUs")
         except WorkerDied:
             self.workers[w] = None
             self.reopen(w)
             return
+        if msg[0] != "pinned":
+            if away:  # it builds its sessions where it times them, as a lone process would
+                self.proc_open_cpus[w] = None
+                return
+            raise DlbricksError(f"measurement worker cannot return to its cores: {msg[2]}")
         if away:
             self.away.add(w)
         else:

@@ -15,7 +15,7 @@ Protocol (pickled tuples over a pipe, one reply per request):
   give every listed session ``k`` timed runs, in the order the cache state asks for;
   ``probe_ns`` is the speed probe's reading around the session's burst (its cold
   runs): :class:`_SpeedReadings`.
-- ``("pin", cpus)`` -> ``("pinned",)``: move to those CPUs to build sessions while no
+- ``("pin", cpus)`` -> ``("pinned",)`` or ``("failed", None, message)``: move to those CPUs to build sessions while no
   round runs, or back to the configured cores (``cpus`` None) to time them.
 - ``("close", [id, ...])`` -> ``("closed", rss_bytes)``.
 - ``None`` or end of file: exit.
@@ -401,10 +401,13 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
             return ("round", out, wall_s, {i: statistics.median(v) for i, v in probes.items() if v})
         elif op == "pin":
             # To CPUs where sessions are built while no round runs, or home (None).
-            if msg[1] is None:
-                pin_process(config)
-            else:
-                os.sched_setaffinity(0, msg[1])
+            try:
+                if msg[1] is None:
+                    pin_process(config)
+                else:
+                    os.sched_setaffinity(0, msg[1])
+            except (OSError, DlbricksError) as exc:  # e.g. a CPU taken offline since
+                return ("failed", None, str(exc))
             return ("pinned",)
         elif op == "close":
             for item_id in msg[1]:

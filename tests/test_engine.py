@@ -553,9 +553,9 @@ def test_a_cold_session_alone_in_its_rounds_reads_its_weights_from_memory():
         pytest.skip("needs a last-level cache that holds 4 MiB of weights twice over")
     medians = {}
     for state in ("warm", "cold"):
-        out = {}
+        out: dict[str, Measurement] = {}
         measure([EngineItem("mm", _matmul_model(1024, "mm"))], [], RunnerConfig(cache_state=state, max_rounds=8),
-                on_result=lambda it, r: out.__setitem__(it.id, r))
+                on_result=lambda it, r, out=out: out.__setitem__(it.id, r))
         medians[state] = out["mm"].stats.median
     assert medians["cold"] > 1.5 * medians["warm"], medians
 

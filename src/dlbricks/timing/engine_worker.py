@@ -15,8 +15,9 @@ Protocol (pickled tuples over a pipe, one reply per request):
   give every listed session ``k`` timed runs, in the order the cache state asks for;
   ``probe_ns`` is the speed probe's reading around the session's burst (its cold
   runs): :class:`_SpeedReadings`.
-- ``("pin", cpus)`` -> ``("pinned",)`` or ``("failed", None, message)``: move to those CPUs to build sessions while no
-  round runs, or back to the configured cores (``cpus`` None) to time them.
+- ``("pin", cpus)`` -> ``("pinned",)`` or ``("failed", None, message)``: move to those
+  CPUs to build sessions while no round runs, or back to the configured cores (``cpus``
+  None) to time them.
 - ``("close", [id, ...])`` -> ``("closed", rss_bytes)``.
 - ``None`` or end of file: exit.
 
@@ -291,6 +292,8 @@ def _warm_up(bound: Any, timed_runs: Any, clock: Any) -> tuple[int, float]:
 
 
 def serve(conn: Connection, beacon: _Beacon) -> None:
+    from dataclasses import replace
+
     from dlbricks.errors import DlbricksError
     from dlbricks.timing.config import RunnerConfig
     from dlbricks.timing.fpenv import FloatEnv, count_denormals
@@ -402,11 +405,8 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
         elif op == "pin":
             # To CPUs where sessions are built while no round runs, or home (None).
             try:
-                if msg[1] is None:
-                    pin_process(config)
-                else:
-                    os.sched_setaffinity(0, msg[1])
-            except (OSError, DlbricksError) as exc:  # e.g. a CPU taken offline since
+                pin_process(config if msg[1] is None else replace(config, cores=tuple(msg[1])))
+            except DlbricksError as exc:  # e.g. a CPU taken offline since
                 return ("failed", None, str(exc))
             return ("pinned",)
         elif op == "close":

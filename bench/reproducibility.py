@@ -3,7 +3,8 @@
 Runs ``dlbricks evaluate -G 1`` ``--runs`` times (default 3), each a fresh process with
 a fresh store, on SqueezeNet, ShuffleNet, ResNet-50 and Inception v1, with default
 settings. Reported per model: the normalized latency (reconstructed / end to end) of
-each run, its range (max - min), and each run's 95% interval; and over all (model, run,
+each run, its range (max - min), and each run's 95% interval, and how far the end-to-end and the reconstructed latency each
+moved between runs (which side a miss comes from); and over all (model, run,
 other run) triples, the share of intervals that cover the other runs' point estimates.
 
 Targets (issue 21): range <= 0.03 for every model, coverage >= 90%. Absolute medians
@@ -23,6 +24,11 @@ import json
 from _evaluate import evaluate_cli, light_models
 
 DEFAULT_MODELS = "squeezenet,shufflenet,resnet50,inception_v1"
+
+
+def _relative_range(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return (max(values) - min(values)) / mean if mean > 0 else float("nan")
 
 
 def main() -> None:
@@ -62,9 +68,17 @@ def main() -> None:
             "range": max(vals) - min(vals),
             "intervals": [run["models"][n]["ci"] for run in runs],
             "e2e_ms": [run["models"][n]["e2e_ms"] for run in runs],
+            "reconstructed_ms": [run["models"][n]["reconstructed_ms"] for run in runs],
+            # Which side moves between runs: each one's (max - min) / mean.
+            "relative_range": {side: _relative_range([run["models"][n][key] for run in runs])
+                               for side, key in (("end_to_end", "e2e_ms"), ("reconstructed", "reconstructed_ms"))},
         }
     worst = max(v["range"] for v in per_model.values())
     coverage = covered / total if total else float("nan")
+    for n, v in per_model.items():
+        rr = v["relative_range"]
+        print(f"{n}: range {v['range']:.3f}; between runs, end to end moved {rr['end_to_end']:.1%}, "
+              f"reconstructed {rr['reconstructed']:.1%}")
     print(f"largest range of normalized latency: {worst:.3f} (target <= 0.03); "
           f"intervals covering the other runs' estimates: {coverage:.0%} (target >= 90%)")
     print(json.dumps({

@@ -1104,3 +1104,22 @@ def test_a_process_that_cannot_move_to_its_opening_cpu_builds_its_sessions_at_ho
                       worker_factory=lambda c, t: Stuck(c, t, rng=rng, log=log, name=next(names)))
     assert summary.measured == 10 and summary.worker_starts == 2
     assert sum(1 for e in log if e[0] == "send" and e[2] == "pin") == 1  # tried once, then left home
+
+
+def test_a_worker_whose_parent_is_gone_before_its_configuration_ends_quietly(tmp_path, capsys):
+    # The parent ended (SIGTERM, a crash) while this worker was starting: its pipe ends
+    # before the configuration arrives. The worker exits 0 without a traceback.
+    import os
+
+    from dlbricks.timing.engine_worker import main
+
+    beacon = tmp_path / "beacon"
+    beacon.write_bytes(b"\xff" * 8)
+    to_worker_r, to_worker_w = os.pipe()
+    from_worker_r, from_worker_w = os.pipe()
+    os.close(to_worker_w)  # the parent is gone: nothing will ever be sent
+    try:
+        assert main([str(to_worker_r), str(from_worker_w), str(beacon)]) == 0
+    finally:
+        os.close(from_worker_r)
+    assert "Traceback" not in capsys.readouterr().err

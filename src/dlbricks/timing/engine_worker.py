@@ -428,9 +428,10 @@ def main(argv: list[str]) -> int:
     read_fd, write_fd, beacon_path = int(argv[0]), int(argv[1]), argv[2]
     conn_in = Connection(read_fd, writable=False)
     conn_out = Connection(write_fd, readable=False)
-    # A broken pipe: the parent is gone (killed, or ended while this worker started),
-    # nobody is left to answer, and its user must not see a traceback of ours.
-    with contextlib.suppress(BrokenPipeError):
+    # A broken pipe, or the end of the parent's (before it sent this worker its
+    # configuration, too): the parent is gone (killed, or ended while this worker
+    # started), nobody is left to answer, and its user must not see a traceback of ours.
+    with contextlib.suppress(BrokenPipeError, EOFError):
         serve(_Duplex(conn_in, conn_out), _Beacon(beacon_path))  # type: ignore[arg-type]
     return 0
 

@@ -1110,6 +1110,7 @@ def test_a_worker_whose_parent_is_gone_before_its_configuration_ends_quietly(tmp
     # The parent ended (SIGTERM, a crash) while this worker was starting: its pipe ends
     # before the configuration arrives. The worker exits 0 without a traceback.
     import os
+    import signal
 
     from dlbricks.timing.engine_worker import main
 
@@ -1118,8 +1119,10 @@ def test_a_worker_whose_parent_is_gone_before_its_configuration_ends_quietly(tmp
     to_worker_r, to_worker_w = os.pipe()
     from_worker_r, from_worker_w = os.pipe()
     os.close(to_worker_w)  # the parent is gone: nothing will ever be sent
+    sigint = signal.getsignal(signal.SIGINT)  # main ignores Ctrl-C, as a worker does; not pytest's
     try:
         assert main([str(to_worker_r), str(from_worker_w), str(beacon)]) == 0
     finally:
+        signal.signal(signal.SIGINT, sigint)
         os.close(from_worker_r)
     assert "Traceback" not in capsys.readouterr().err

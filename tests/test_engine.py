@@ -104,6 +104,8 @@ def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), re
     rng = np.random.default_rng(seed)
     counts: dict[str, int] = {}
     results: dict[str, Measurement | Failure] = {}
+    # Synthetic rounds take microseconds: spanning seconds would mean thousands of them.
+    cfg.setdefault("min_span_s", 0.0)
     config = RunnerConfig(**cfg)
     summary = measure(
         [EngineItem(i, spec, reference=i in references) for i, spec in specs.items()],
@@ -169,7 +171,7 @@ def test_bursts_are_short_when_the_machine_changes_between_them_and_intervals_st
             workers.append(SyntheticWorker(c, t, rng=np.random.default_rng(seed)))
             return workers[-1]
 
-        measure([EngineItem("b", spec)], [Group("m", {"b": 1.0})], RunnerConfig(precision=0.002, max_rounds=30),
+        measure([EngineItem("b", spec)], [Group("m", {"b": 1.0})], RunnerConfig(precision=0.002, max_rounds=30, min_span_s=0.0),
                 on_result=lambda it, r: results.__setitem__(it.id, r), worker_factory=factory)
         return results["b"], workers[0].bursts["b"]
 
@@ -443,6 +445,19 @@ def test_a_reference_spans_the_rounds_of_what_it_is_compared_with():
     assert pair["model"].rounds >= max(pair["b1"].rounds, pair["b2"].rounds)
     # Its cost is what its own precision needed, not the rounds it kept up with the bricks.
     assert pair["model"].sampling_time_s == pytest.approx(solo["model"].sampling_time_s, rel=0.01)
+
+
+def test_no_result_is_final_before_its_rounds_span_min_span_s():
+    specs = {"b": {"ns": 1e4, "cv": 0.01}}
+    quick, _, quick_summary = run_synthetic(specs, {}, seed=0, max_rounds=100_000)
+    spread, _, summary = run_synthetic(specs, {}, seed=0, max_rounds=100_000, min_span_s=0.2)
+    assert quick["b"].rounds == 5 and quick_summary.wall_s < 0.2
+    assert spread["b"].rounds > 5 and summary.wall_s >= 0.2
+    assert spread["b"].stop_reason == "converged"
+    # The round limit still ends a run whose rounds are too short to span it; a result
+    # that met its precision is then converged, not cut short.
+    capped, _, _ = run_synthetic(specs, {}, seed=0, max_rounds=8, min_span_s=60.0)
+    assert capped["b"].rounds == 8 and capped["b"].stop_reason == "converged"
 
 
 def test_slow_phases_that_persist_over_rounds_widen_the_interval():
@@ -863,7 +878,7 @@ def test_progress_reports_opening_then_rounds_with_an_eta_that_tracks_the_rounds
     reports = []
     specs = {f"b{i}": {"ns": 2e6 * (1 + i), "cv": 0.3} for i in range(4)}
     measure([EngineItem(i, s) for i, s in specs.items()], [Group("m", {i: 1.0 for i in specs})],
-            RunnerConfig(min_rounds=5, max_rounds=300), on_result=lambda it, r: None,
+            RunnerConfig(min_rounds=5, max_rounds=300, min_span_s=0.0), on_result=lambda it, r: None,
             on_progress=lambda p: reports.append((p, len(walls))), worker_factory=lambda c, t: Timed(c, t, rng=rng))
     phases = [p.phase for p, _ in reports]
     assert phases[0] == "opening" and phases[-1] == "measuring"

@@ -203,6 +203,8 @@ class _Track:
     #: of ``round_medians``; rounds resumed from a checkpoint have none).
     round_nos: list[int] = field(default_factory=list)
     sampling_s: float = 0.0
+    #: When its first round of this run started (``time.perf_counter``); None before it.
+    first_round_t: float | None = None
     setup_s: float = 0.0
     open: bool = False
     final: bool = False
@@ -314,6 +316,13 @@ class _Track:
     def df(self) -> float:
         return max(1, len(self.round_medians) - 1)
 
+    def span_s(self, now: float) -> float:
+        """Seconds its rounds span so far; infinite for one resumed from a checkpoint
+        (its earlier rounds ran in another process, at another time; see :meth:`restore`)."""
+        if self.first_round_t is None:
+            return 0.0
+        return now - self.first_round_t
+
     def variance_components(self) -> tuple[float, float] | None:
         """(between, within): the relative variance of a round's median that no number
         of runs in the burst removes (the state of the machine in that burst), and the
@@ -350,6 +359,8 @@ class _Track:
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.round_medians = [float(x) for x in state.get("round_medians", ())]
+        if self.round_medians:
+            self.first_round_t = -math.inf  # its rounds ran in another process, long ago
         probes = [float(x) for x in state.get("round_probes", ())]
         self.round_probes = probes if len(probes) == len(self.round_medians) else [0.0] * len(self.round_medians)
         self.times = [int(x) for x in state.get("times", ())]
@@ -1031,6 +1042,8 @@ class _Engine:
         self.unsent = 0
         self.batch_round = 0
         self.round_overhead_s = 0.0
+        #: The latest round's wall time (s): the pace that spanning min_span_s goes at.
+        self.last_round_s = 0.0
         self.group_states: dict[int, tuple[bool, float, float]] = {}
         self.last_report = 0.0
         #: Tells this run's round numbers from another run's in the results.
@@ -1247,6 +1260,7 @@ class _Engine:
     def run_round(self, round_no: int) -> float:
         """Run one round; returns the longest time a lane spent on it (s)."""
         self.rounds_run += 1
+        t_start = time.perf_counter()
         for w in sorted(self.away):
             self.pin(w, away=False)
         plans = self.plan(round_no)
@@ -1294,6 +1308,8 @@ class _Engine:
                 if not ts:
                     continue
                 t.times.extend(ts)
+                if t.first_round_t is None:
+                    t.first_round_t = t_start
                 med = float(np.median(ts))
                 t.round_medians.append(med)
                 t.round_probes.append(float(probes.get(item_id, 0.0)))
@@ -1322,11 +1338,16 @@ class _Engine:
         widening: dict[int, float] = {}  # computed for the groups of what closes only
         closing: dict[int, list[str]] = {}
         others_open = any(t.open and not t.item.reference for t in self.tracks.values())
+        now = time.perf_counter()
         for t in self.tracks.values():
             if not t.open:
                 continue
+            precise = all(state[id(g)] for g in self.groups_of[t.item.id])
             enough = len(t.round_medians) >= cfg.min_rounds
-            converged = enough and all(state[id(g)] for g in self.groups_of[t.item.id])
+            converged = enough and precise and t.span_s(now) >= cfg.min_span_s
+            # Stopped by the round limit before its span: its precision is what counts.
+            if force and enough and precise:
+                converged = True
             if t.item.reference and others_open and not force:
                 if converged and t.needed_s is None:
                     t.needed_s = t.sampling_s
@@ -1399,8 +1420,16 @@ class _Engine:
             if not converged:
                 need = r * (half / cfg.precision) ** 2 - r if r and math.isfinite(half) else float(cap)
             group_left[id(g)] = min(float(cap), max(float(floor), math.ceil(need)))
+        # Rounds still needed to span ``min_span_s``, at the latest round's pace.
+        now = time.perf_counter()
+        pace = max(self.last_round_s, 1e-6)
+
+        def spanning(t: _Track) -> float:
+            short = cfg.min_span_s - t.span_s(now)
+            return min(float(cap), math.ceil(short / pace)) if short > 0 else 0.0
+
         left = {
-            i: max((group_left.get(id(g), 0.0) for g in self.groups_of[i]), default=float(floor))
+            i: max(max((group_left.get(id(g), 0.0) for g in self.groups_of[i]), default=float(floor)), spanning(t))
             for i, t in self.tracks.items() if t.open
         }
         longest = max((v for i, v in left.items() if not self.tracks[i].item.reference), default=0.0)
@@ -1462,7 +1491,8 @@ class _Engine:
                     last = round_no >= self.config.max_rounds
                     self.finalize(round_no, "max_rounds" if last else None)
                     self.checkpoint()
-                    extra = max(0.0, time.perf_counter() - t_round - worker_s)
+                    self.last_round_s = time.perf_counter() - t_round
+                    extra = max(0.0, self.last_round_s - worker_s)
                     self.round_overhead_s = extra if self.summary.rounds == 1 else (
                         0.7 * self.round_overhead_s + 0.3 * extra)
                     self.report("measuring")

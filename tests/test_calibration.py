@@ -34,7 +34,7 @@ def test_the_fixed_cost_is_the_short_probe_less_one_node_and_is_stored_per_syste
         sid = st.put_system(SYSTEM)
         key = st.put_config(CFG)
         assert calibration.call_overhead_ns(st, sid, key) is None
-        calibration.record(st, sid, key, {"probe:1": _m(3000), "probe:9": _m(3000 + 8 * 250)})
+        calibration.record(st, sid, key, {"probe:1:0": _m(3000), "probe:9:0": _m(3000 + 8 * 250)})
         assert calibration.call_overhead_ns(st, sid, key) == pytest.approx(2750)
         other = st.put_config(RunnerConfig(intra_op_threads=2))
         assert calibration.call_overhead_ns(st, sid, other) is None
@@ -44,8 +44,19 @@ def test_a_failed_probe_records_no_calibration(tmp_path):
     with Store(tmp_path / "s.sqlite") as st:
         sid = st.put_system(SYSTEM)
         key = st.put_config(CFG)
-        calibration.record(st, sid, key, {"probe:1": _m(3000), "probe:9": Failure("boom")})
+        calibration.record(st, sid, key, {"probe:1:0": _m(3000), "probe:9:0": Failure("boom")})
         assert calibration.stored(st, sid, key) is None
+
+
+def test_a_probe_session_in_a_slow_state_of_its_own_does_not_move_the_calibration(tmp_path):
+    with Store(tmp_path / "s.sqlite") as st:
+        sid = st.put_system(SYSTEM)
+        key = st.put_config(CFG)
+        short = {f"probe:1:{k}": _m(ns) for k, ns in enumerate((3000, 7400, 3020))}
+        long = {f"probe:9:{k}": _m(ns) for k, ns in enumerate((5000, 5010, 4990))}
+        calibration.record(st, sid, key, {**short, **long, "probe:9:1": Failure("boom")})
+        assert calibration.stored(st, sid, key)["probe_ns"] == {"1": 3020.0, "9": 4995.0}
+        assert calibration.call_overhead_ns(st, sid, key) == pytest.approx(3020 - (4995 - 3020) / 8)
 
 
 def test_evaluate_counts_the_calibrated_cost_once_per_model(tmp_path):

@@ -5,7 +5,10 @@ set-up, binding), which a whole model pays once, not once per brick: summed over
 model's bricks it over-predicts models of many tiny layers. Two probe models measured
 in the same interleaved run as the bricks tell the fixed cost apart from the per-node
 cost: a chain of one ``Abs`` and a chain of nine on a one-element tensor. Per node:
-(t9 - t1) / 8; per call: t1 - per node. The result is stored per system and runner
+(t9 - t1) / 8; per call: t1 - per node. Each probe runs in several sessions, whose
+median counts: a session can land in a slow state of its own for its whole life (seen:
+one probe session read 7.4 us where every other read 3.4), and one call's cost,
+subtracted from every brick, moves a model of two hundred small layers by 20%. The result is stored per system and runner
 configuration (like the machine's peaks); nothing is fitted to the models evaluated.
 """
 
@@ -22,6 +25,8 @@ __all__ = ["NAME", "PROBE_LENGTHS", "call_overhead_ns", "probe_items", "probe_mo
 
 #: The chain lengths of the two probes.
 PROBE_LENGTHS = (1, 9)
+#: Sessions of each probe (their median counts).
+PROBE_SESSIONS = 3
 #: The calibration's name in the store.
 NAME = "call_overhead"
 
@@ -44,14 +49,14 @@ def probe_model(length: int) -> bytes:
 
 
 def probe_items(seed: int = 0) -> list[EngineItem]:
-    """The probes as measurement-engine items (ids ``probe:<length>``)."""
+    """The probes as measurement-engine items (ids ``probe:<length>:<session>``)."""
     from dlbricks.timing.engine import EngineItem
 
     # References: a probe measured only in its first few rounds would calibrate the
     # machine of those rounds, not of the bricks' rounds.
-    return [EngineItem(f"probe:{n}", probe_model(n), seed=seed, label=f"call-overhead probe ({n} nodes)",
+    return [EngineItem(f"probe:{n}:{k}", probe_model(n), seed=seed, label=f"call-overhead probe ({n} nodes)",
                        reference=True)
-            for n in PROBE_LENGTHS]
+            for n in PROBE_LENGTHS for k in range(PROBE_SESSIONS)]
 
 
 def call_overhead_from(t1_ns: float, t9_ns: float) -> float:
@@ -61,15 +66,19 @@ def call_overhead_from(t1_ns: float, t9_ns: float) -> float:
 
 
 def record(store: Store, system_id: str, config_key: str, results: Mapping[str, Measurement | Failure]) -> None:
-    """Store the calibration from the probes' results (nothing when a probe failed)."""
+    """Store the calibration from the probes' results: per length the median over its
+    sessions measured (nothing when every session of a length failed)."""
+    import statistics
+
     from dlbricks.timing.runner import Measurement
 
     meds = []
     for n in PROBE_LENGTHS:
-        m = results.get(f"probe:{n}")
-        if not isinstance(m, Measurement):
+        ok = [float(m.stats.median) for k in range(PROBE_SESSIONS)
+              if isinstance(m := results.get(f"probe:{n}:{k}"), Measurement)]
+        if not ok:
             return
-        meds.append(float(m.stats.median))
+        meds.append(statistics.median(ok))
     value: dict[str, Any] = {
         "ns": call_overhead_from(*meds),
         "probe_ns": dict(zip((str(n) for n in PROBE_LENGTHS), meds)),

@@ -8,8 +8,9 @@ cost: a chain of one ``Abs`` and a chain of nine on a one-element tensor. Per no
 (t9 - t1) / 8; per call: t1 - per node. Each probe runs in several sessions, whose
 median counts: a session can land in a slow state of its own for its whole life (seen:
 one probe session read 7.4 us where every other read 3.4), and one call's cost,
-subtracted from every brick, moves a model of two hundred small layers by 20%. The result is stored per system and runner
-configuration (like the machine's peaks); nothing is fitted to the models evaluated.
+subtracted from every brick, moves a model of two hundred small layers by 20%. The
+result is stored per system and runner configuration (like the machine's peaks);
+nothing is fitted to the models evaluated.
 """
 
 from __future__ import annotations

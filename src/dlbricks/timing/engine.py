@@ -1342,12 +1342,10 @@ class _Engine:
         for t in self.tracks.values():
             if not t.open:
                 continue
-            precise = all(state[id(g)] for g in self.groups_of[t.item.id])
             enough = len(t.round_medians) >= cfg.min_rounds
-            converged = enough and precise and t.span_s(now) >= cfg.min_span_s
-            # Stopped by the round limit before its span: its precision is what counts.
-            if force and enough and precise:
-                converged = True
+            # Stopped by the round limit before its span, its precision is what counts.
+            converged = enough and all(state[id(g)] for g in self.groups_of[t.item.id]) and (
+                force is not None or t.span_s(now) >= cfg.min_span_s)
             if t.item.reference and others_open and not force:
                 if converged and t.needed_s is None:
                     t.needed_s = t.sampling_s

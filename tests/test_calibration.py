@@ -15,11 +15,12 @@ SYSTEM = {"schema_version": 1, "cpu": {"model": "test"}, "hostname": "h"}
 CFG = RunnerConfig()
 
 
-def _m(ns: float) -> Measurement:
+def _m(ns: float, se_ns: float = 0.0) -> Measurement:
     t = np.full(7, int(ns), dtype=np.int64)
     return Measurement(times_ns=t, stats=summarize(t), config=CFG, warmup_iters=1, stop_reason="converged",
                        setup_time_s=0.0, wall_time_s=0.0, denormal_input_fraction=0.0, denormal_output_fraction=0.0,
-                       denormal_fraction=0.0, denormals_as_zero=True, denormals_flushed=True, ort_version="0")
+                       denormal_fraction=0.0, denormals_as_zero=True, denormals_flushed=True, ort_version="0",
+                       median_se_ns=se_ns)
 
 
 def test_probes_are_valid_chains_that_onnxruntime_runs():
@@ -57,6 +58,28 @@ def test_a_probe_session_in_a_slow_state_of_its_own_does_not_move_the_calibratio
         calibration.record(st, sid, key, {**short, **long, "probe:9:1": Failure("boom")})
         assert calibration.stored(st, sid, key)["probe_ns"] == {"1": 3020.0, "9": 4995.0}
         assert calibration.call_overhead_ns(st, sid, key) == pytest.approx(3020 - (4995 - 3020) / 8)
+
+
+def test_the_calibration_keeps_its_standard_error_from_the_sessions_spread_and_their_own_errors(tmp_path):
+    with Store(tmp_path / "s.sqlite") as st:
+        sid = st.put_system(SYSTEM)
+        key = st.put_config(CFG)
+
+        def calibrate(short, long):
+            calibration.record(st, sid, key, {**{f"probe:1:{k}": m for k, m in enumerate(short)},
+                                              **{f"probe:9:{k}": m for k, m in enumerate(long)}})
+            return calibration.call_overhead(st, sid, key)
+
+        # Sessions that agree: the error is their own (t1 counts 9/8, t9 1/8).
+        agree = calibrate([_m(3000, 10)] * 3, [_m(5000, 10)] * 3)
+        assert agree.se_ns == pytest.approx(1.25 * 10 / np.sqrt(3) * np.hypot(9 / 8, 1 / 8))
+        # Sessions that disagree: their spread is the error, and it is larger.
+        spread = calibrate([_m(2900, 10), _m(3000, 10), _m(3100, 10)], [_m(5000, 10)] * 3)
+        assert spread.ns == pytest.approx(agree.ns)
+        assert spread.se_ns == pytest.approx(1.25 * 1.4826 * 100 / np.sqrt(3) * 9 / 8, rel=0.01)
+        # One session in a slow state of its own counts no more than the spread of the others.
+        odd = calibrate([_m(2900, 10), _m(3000, 10), _m(7400, 10)], [_m(5000, 10)] * 3)
+        assert odd.se_ns == pytest.approx(spread.se_ns)
 
 
 def test_evaluate_counts_the_calibrated_cost_once_per_model(tmp_path):

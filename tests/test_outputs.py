@@ -352,3 +352,23 @@ def test_open_cores_default_to_the_engines_choice_unless_timing_cores_are_named(
         _config(["--open-cores", "x"])
     with pytest.raises(UsageError, match="--open-cores '4096'"):
         _config(["--open-cores", "4096"])
+
+
+def test_the_call_overheads_error_widens_a_models_interval_once_per_brick_less_one(tmp_path):
+    from dlbricks.reconstruct import predict
+
+    short, long = load(chain_model(1), name="short"), load(chain_model(8), name="long")
+    with Store(tmp_path / "s.sqlite") as st:
+        fill(st, [short, long], 1, median_of=MEDIANS, se_rel=1e-6)
+        kw = dict(store=st, system_id=fingerprint_id(system_fingerprint()), config_key=_config().key(),
+                  modes=("sequential",), n_boot=4000, call_overhead_ns=1000.0)
+        exact = [p[0] for p in predict([short, long], 1, **kw)]
+        se = 100.0
+        vague = [p[0] for p in predict([short, long], 1, call_overhead_se_ns=se, **kw)]
+    for a, b in zip(exact, vague):
+        assert a.latency_s == b.latency_s  # the point estimate keeps the calibrated cost
+    for p, n_bricks in zip(vague, (2, 16)):
+        # The model's latency moves by -(bricks - 1) x the cost's error: a 95% interval
+        # about 2 x 1.96 x that wide (bricks' own errors are negligible here).
+        width_ns = (p.ci_high_s - p.ci_low_s) * 1e9
+        assert width_ns == pytest.approx(2 * 1.96 * (n_bricks - 1) * se, rel=0.1)

@@ -21,7 +21,7 @@ from dlbricks.errors import DlbricksError
 from dlbricks.model import distinct_names, layer_kinds
 from dlbricks.quality import assess, model_flags
 from dlbricks.reconstruct import geomean, predict
-from dlbricks.timing.calibration import call_overhead_ns
+from dlbricks.timing.calibration import call_overhead, call_overhead_ns
 from dlbricks.versions import brick_digest_version, model_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -341,14 +341,16 @@ def evaluate(
     ]
     per_g = []
     bricks_out: list[dict] = []
-    overhead = call_overhead_ns(store, system_id, config_key) if config.call_overhead else None
+    calibrated = call_overhead(store, system_id, config_key) if config.call_overhead else None
+    overhead = calibrated.ns if calibrated else None
     e2e_total = sum(e2e_s)
     e2e_wall = sum(_wall_s(rec) for rec in e2e)
     # Kinds without building Layer objects: a fast-loaded model has them already.
     kinds = [layer_kinds(m.layers) for m in models]
     for G in Gs:
         per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key,
-                            n_boot=n_boot, seed=seed, corpus=corpus, names=names, call_overhead_ns=overhead)
+                            n_boot=n_boot, seed=seed, corpus=corpus, names=names, call_overhead_ns=overhead,
+                            call_overhead_se_ns=calibrated.se_ns if calibrated else 0.0)
         sp = corpus.split(G)
         unique, recs, brick_ns = brick_results(sp, store, system_id, config_key)  # predict checked every brick
         occurrences = sp.occurrences()
@@ -445,6 +447,7 @@ def evaluate(
         "config": config.to_dict(),
         "G": list(Gs),
         "call_overhead_ns": overhead,
+        "call_overhead_se_ns": calibrated.se_ns if calibrated else None,
         "per_g": per_g,
         "models": rows,
         "bricks": bricks_out,

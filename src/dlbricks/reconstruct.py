@@ -110,6 +110,7 @@ def predict(
     corpus: Corpus | None = None,
     names: Sequence[str] | None = None,
     call_overhead_ns: float | None = None,
+    call_overhead_se_ns: float = 0.0,
 ) -> list[list[Prediction]]:
     """:func:`reconstruct`, grouped by model: ``out[i]`` holds model ``i``'s prediction
     per mode, in the order of ``modes``. ``names`` label the predictions (default: the
@@ -136,10 +137,14 @@ def predict(
     medians = np.array([records[d].median_ns for d in digests], dtype=np.float64)
     boots = np.stack([result_replicates(records[d], n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
     overhead = float(call_overhead_ns or 0.0)
+    # The per-call cost is one estimate shared by every brick: each replicate draws its
+    # own, so its error counts once per brick (less the one the model pays).
+    overheads = (np.maximum(overhead + float(call_overhead_se_ns) * rng.standard_normal(n_boot), 0.0)
+                 if overhead > 0 else np.zeros(n_boot))
     if overhead > 0:
         # Each brick paid one call's fixed cost; the model pays it once (added below).
         medians = np.maximum(medians - overhead, 0.0)
-        boots = np.maximum(boots - overhead, 0.0)
+        boots = np.maximum(boots - overheads, 0.0)
     out: list[list[Prediction]] = []
     for i, model in enumerate(models):
         seq_ids = sp.model_seq_ids(i)
@@ -147,12 +152,12 @@ def predict(
         for mode in modes:
             if mode == "sequential":
                 point = float(medians[seq_ids].sum()) + overhead
-                reps = boots[seq_ids].sum(axis=0) + overhead
+                reps = boots[seq_ids].sum(axis=0) + overheads
             else:
                 src, dst = sequence_graph(model, sp.model_split(i))
                 sg = Graph(np.zeros((len(seq_ids), 16), np.uint8), src, dst)
                 point = float(critical_path(sg, medians[seq_ids])[0]) + overhead
-                reps = np.array([critical_path(sg, boots[seq_ids, b])[0] for b in range(n_boot)]) + overhead
+                reps = np.array([critical_path(sg, boots[seq_ids, b])[0] for b in range(n_boot)]) + overheads
             lo, hi = np.percentile(reps, [2.5, 97.5])
             per_mode.append(
                 Prediction(names[i], G, mode, point * 1e-9, float(lo) * 1e-9, float(hi) * 1e-9,
@@ -174,6 +179,7 @@ def reconstruct(
     seed: int = 0,
     corpus: Corpus | None = None,
     call_overhead_ns: float | None = None,
+    call_overhead_se_ns: float = 0.0,
 ) -> list[Prediction]:
     """Predict each model's latency from its bricks' stored medians.
 
@@ -192,6 +198,7 @@ def reconstruct(
         corpus: the models' :class:`Corpus`, when the caller has one already.
         call_overhead_ns: one call's fixed cost (:mod:`dlbricks.timing.calibration`):
             subtracted from every brick and counted once per model (None: no correction).
+        call_overhead_se_ns: its standard error, drawn per bootstrap replicate.
 
     Returns:
         one :class:`Prediction` per model and mode, model by model.
@@ -201,7 +208,8 @@ def reconstruct(
         DlbricksError: an unknown mode.
     """
     per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key, modes=modes,
-                        n_boot=n_boot, seed=seed, corpus=corpus, call_overhead_ns=call_overhead_ns)
+                        n_boot=n_boot, seed=seed, corpus=corpus, call_overhead_ns=call_overhead_ns,
+                        call_overhead_se_ns=call_overhead_se_ns)
     return [p for preds in per_model for p in preds]
 
 

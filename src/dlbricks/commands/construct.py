@@ -54,16 +54,17 @@ def run(args: argparse.Namespace) -> int:
         system_id = fingerprint_id(system_fingerprint())
         overhead = None
         if config.call_overhead:
-            from dlbricks.timing.calibration import call_overhead_ns
+            from dlbricks.timing.calibration import call_overhead
 
-            overhead = call_overhead_ns(store, system_id, config.key())
+            overhead = call_overhead(store, system_id, config.key())
         preds = reconstruct(
             models,
             args.G,
             store=store,
             system_id=system_id,
             config_key=config.key(),
-            call_overhead_ns=overhead,
+            call_overhead_ns=overhead.ns if overhead else None,
+            call_overhead_se_ns=overhead.se_ns if overhead else 0.0,
             modes=[args.mode],
             n_boot=args.bootstrap,
             seed=args.seed,
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         "system_id": system_id,
         "config_key": config.key(),
         "config": config.to_dict(),
-        "call_overhead_ns": overhead,
+        "call_overhead_ns": overhead.ns if overhead else None,
+        "call_overhead_se_ns": overhead.se_ns if overhead else None,
         "graph": run_graph([r["graph"] for r in rows]),
         "predictions": rows,
         "precision_check": check.to_dict(),

@@ -9,20 +9,24 @@ cost: a chain of one ``Abs`` and a chain of nine on a one-element tensor. Per no
 median counts: a session can land in a slow state of its own for its whole life (seen:
 one probe session read 7.4 us where every other read 3.4), and one call's cost,
 subtracted from every brick, moves a model of two hundred small layers by 20%. The
-result is stored per system and runner configuration (like the machine's peaks);
-nothing is fitted to the models evaluated.
+result is stored per system and runner configuration (like the machine's peaks) with
+its standard error, which reconstruction carries into each model's interval (an error
+in the per-call cost counts once per brick less one); nothing is fitted to the models
+evaluated.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+import math
+import statistics
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import Store
     from dlbricks.timing.engine import EngineItem
     from dlbricks.timing.runner import Failure, Measurement
 
-__all__ = ["NAME", "PROBE_LENGTHS", "call_overhead_ns", "probe_items", "probe_model", "record", "stored"]
+__all__ = ["NAME", "PROBE_LENGTHS", "CallOverhead", "call_overhead", "call_overhead_ns", "probe_items", "probe_model", "record", "stored"]
 
 #: The chain lengths of the two probes.
 PROBE_LENGTHS = (1, 9)
@@ -60,28 +64,54 @@ def probe_items(seed: int = 0) -> list[EngineItem]:
             for n in PROBE_LENGTHS for k in range(PROBE_SESSIONS)]
 
 
+class CallOverhead(NamedTuple):
+    """The calibrated per-call cost and its standard error (nanoseconds)."""
+
+    ns: float
+    se_ns: float
+
+
 def call_overhead_from(t1_ns: float, t9_ns: float) -> float:
     """The per-call cost from the two probes' latencies."""
     per_node = max(0.0, (t9_ns - t1_ns) / (PROBE_LENGTHS[1] - PROBE_LENGTHS[0]))
     return max(0.0, t1_ns - per_node)
 
 
+def _median_and_se(values: list[float], ses: list[float]) -> tuple[float, float]:
+    """The median of a probe's session medians and its standard error.
+
+    A session's reading errs by its own sampling error (its ``median_se_ns``) and by the
+    state the session landed in; the spread between sessions shows both. The spread is
+    taken robustly (MAD), as the median it qualifies ignores one odd session, and never
+    below the sessions' own errors; x1.25 for a median rather than a mean.
+    """
+    k = len(values)
+    med = statistics.median(values)
+    within = sum(se * se for se in ses) / k
+    between = (1.4826 * statistics.median(abs(v - med) for v in values)) ** 2 if k >= 2 else 0.0
+    return med, 1.25 * math.sqrt(max(within, between) / k)
+
+
 def record(store: Store, system_id: str, config_key: str, results: Mapping[str, Measurement | Failure]) -> None:
     """Store the calibration from the probes' results: per length the median over its
-    sessions measured (nothing when every session of a length failed)."""
-    import statistics
-
+    sessions measured, and the standard error of the per-call cost (nothing when every
+    session of a length failed)."""
     from dlbricks.timing.runner import Measurement
 
-    meds = []
+    meds, ses = [], []
     for n in PROBE_LENGTHS:
-        ok = [float(m.stats.median) for k in range(PROBE_SESSIONS)
-              if isinstance(m := results.get(f"probe:{n}:{k}"), Measurement)]
+        ok = [m for k in range(PROBE_SESSIONS) if isinstance(m := results.get(f"probe:{n}:{k}"), Measurement)]
         if not ok:
             return
-        meds.append(statistics.median(ok))
+        med, se = _median_and_se([float(m.stats.median) for m in ok], [float(m.median_se_ns) for m in ok])
+        meds.append(med)
+        ses.append(se)
+    # overhead = t1 - (t9 - t1) / 8 = (9 t1 - t9) / 8: independent errors in quadrature.
+    span = PROBE_LENGTHS[1] - PROBE_LENGTHS[0]
+    se_ns = math.hypot(PROBE_LENGTHS[1] / span * ses[0], PROBE_LENGTHS[0] / span * ses[1])
     value: dict[str, Any] = {
         "ns": call_overhead_from(*meds),
+        "se_ns": se_ns,
         "probe_ns": dict(zip((str(n) for n in PROBE_LENGTHS), meds)),
     }
     store.put_calibration(system_id, config_key, NAME, value)
@@ -92,7 +122,14 @@ def stored(store: Store, system_id: str, config_key: str) -> dict[str, Any] | No
     return store.get_calibration(system_id, config_key, NAME)
 
 
+def call_overhead(store: Store, system_id: str, config_key: str) -> CallOverhead | None:
+    """The calibrated per-call cost for this system and configuration, or None
+    (calibrations stored before errors were kept have a standard error of 0)."""
+    value = stored(store, system_id, config_key)
+    return None if value is None else CallOverhead(float(value["ns"]), float(value.get("se_ns", 0.0)))
+
+
 def call_overhead_ns(store: Store, system_id: str, config_key: str) -> float | None:
     """The calibrated per-call cost (ns) for this system and configuration, or None."""
-    value = stored(store, system_id, config_key)
-    return None if value is None else float(value["ns"])
+    value = call_overhead(store, system_id, config_key)
+    return None if value is None else value.ns

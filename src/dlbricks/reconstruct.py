@@ -137,12 +137,12 @@ def predict(
     medians = np.array([records[d].median_ns for d in digests], dtype=np.float64)
     boots = np.stack([result_replicates(records[d], n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
     overhead = float(call_overhead_ns or 0.0)
-    # The per-call cost is one estimate shared by every brick: each replicate draws its
-    # own, so its error counts once per brick (less the one the model pays).
-    overheads = (np.maximum(overhead + float(call_overhead_se_ns) * rng.standard_normal(n_boot), 0.0)
-                 if overhead > 0 else np.zeros(n_boot))
+    overheads = np.zeros(n_boot)
     if overhead > 0:
         # Each brick paid one call's fixed cost; the model pays it once (added below).
+        # The cost is one estimate shared by every brick: each replicate draws its own,
+        # so its error counts once per brick (less the one the model pays).
+        overheads = np.maximum(overhead + float(call_overhead_se_ns) * rng.standard_normal(n_boot), 0.0)
         medians = np.maximum(medians - overhead, 0.0)
         boots = np.maximum(boots - overheads, 0.0)
     out: list[list[Prediction]] = []

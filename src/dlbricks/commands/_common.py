@@ -256,9 +256,9 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="rounds before any result is final (default 5)")
     e.add_argument("--max-rounds", type=positive_int, default=60, metavar="N",
                    help="stop after N rounds even if not precise enough (default 60)")
-    e.add_argument("--min-span", type=float, default=2.0, metavar="S",
+    e.add_argument("--min-span", type=float, default=6.0, metavar="S",
                    help="seconds a result's rounds must span before it is final, so that they sample "
-                        "several of a shared host's slow phases (default 2)")
+                        "several of a shared host's slow phases (default 6)")
     e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="auto",
                    help="warm: a burst starts with discarded runs (two under 0.5 ms, none from 0.5 s), so the timed runs find the brick cached; "
                         "cold: between two runs twice the largest cache's size of other data is read (other "

@@ -69,12 +69,15 @@ class RunnerConfig:
             interval comes from the spread between rounds.
         max_rounds: stop after this many rounds even if a model's interval is wider.
         min_span_s: no result is final before its rounds span this many seconds. A
-            shared host has slow phases of a few tenths of a second (a whole model 45%
-            slower for seven rounds in a row, then as fast as before); a small corpus
-            runs a round in tens of milliseconds, so a brick's few rounds can all fall
-            in one phase and carry it into the result, and the bricks and the whole
+            shared host has slow phases of a few tenths of a second to seconds (a whole
+            model 45% slower for seven rounds in a row, then as fast as before); a small
+            corpus runs a round in tens of milliseconds, so a brick's few rounds can all
+            fall in one phase and carry it into the result, and the bricks and the whole
             model do not slow by the same factor. Rounds spread over seconds sample
-            many phases; a corpus whose rounds are longer pays nothing for it.
+            many phases (and, for a whole model compared in its bricks' rounds, more of
+            its own). The allocation spreads a brick's runs over its rounds, so a longer
+            span adds rounds' fixed costs, not runs; a corpus whose rounds are longer
+            pays nothing for it.
         cache_state: what a timed run finds in the caches. ``"warm"``: each burst starts
             with discarded runs (two for a session under 0.5 ms, whose second run after
             other sessions' is still up to 50% slow; none for one of 0.5 s or more,
@@ -163,7 +166,7 @@ class RunnerConfig:
     precision: float = 0.02
     min_rounds: int = 5
     max_rounds: int = 60
-    min_span_s: float = 2.0
+    min_span_s: float = 6.0
     cache_state: str = "auto"
     burst_s: float = 0.02
     memory_budget_mb: int = 0

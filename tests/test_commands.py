@@ -231,3 +231,20 @@ def test_sigterm_ends_a_run_as_an_interrupt_does_and_leaves_no_spooled_bricks(tm
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "Traceback" not in err
     assert not {p for p in spooled if os.path.exists(p)}
+
+
+def test_the_cli_runner_defaults_are_the_runner_configs_own():
+    # The options repeat RunnerConfig's defaults as literals (importing the config at
+    # parser build would slow every command's start): a default changed in one place
+    # and not the other is caught here. Pinning is the CLI's own choice.
+    import argparse
+    import dataclasses
+
+    from dlbricks.commands._common import add_runner_args, runner_config
+    from dlbricks.timing.config import RunnerConfig
+
+    parser = argparse.ArgumentParser()
+    add_runner_args(parser)
+    from_cli, default = runner_config(parser.parse_args([])), RunnerConfig()
+    differ = [f.name for f in dataclasses.fields(RunnerConfig) if getattr(from_cli, f.name) != getattr(default, f.name)]
+    assert differ == ["cores"]

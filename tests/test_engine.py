@@ -558,6 +558,16 @@ def test_the_evictor_reads_only_what_the_other_sessions_fall_short_of():
     assert evictor._buffer is not None and evictor._buffer.nbytes == 8 << 20 and refreshed == [1]
 
 
+def test_the_eviction_read_is_twice_the_last_level_cache_but_not_a_cloud_hosts_whole_socket(monkeypatch):
+    import dlbricks.roofline.peaks as peaks
+    from dlbricks.timing.engine_worker import _EVICTION_CACHE_MULTIPLE, _MAX_LLC_BYTES, eviction_bytes
+
+    monkeypatch.setattr(peaks, "data_cache_bytes", lambda level=None: 8 << 20)
+    assert eviction_bytes() == _EVICTION_CACHE_MULTIPLE * (8 << 20)
+    monkeypatch.setattr(peaks, "data_cache_bytes", lambda level=None: 480 << 20)  # a VM sees its host's L3
+    assert eviction_bytes() == _EVICTION_CACHE_MULTIPLE * _MAX_LLC_BYTES < 480 << 20
+
+
 def test_a_cold_session_alone_in_its_rounds_reads_its_weights_from_memory():
     # Alone in its rounds, a cold brick has no other sessions to evict its weights
     # between two of its runs: the eviction must not depend on them. 1024x1024 floats

@@ -56,8 +56,14 @@ _WARMUP_MAX_S = 0.25
 #: size of other data is read between two runs of a cold session (twice: caches do
 #: not evict in strict LRU order)...
 _EVICTION_CACHE_MULTIPLE = 2
-#: ...the largest cache assumed when the machine does not say.
+#: ...the largest cache assumed when the machine does not say...
 _DEFAULT_LLC_BYTES = 32 << 20
+#: ...and the most of it counted. A cloud VM reports its host socket's whole last-level
+#: cache (480 MiB on a 2-vCPU Xeon VM), which it shares with every other tenant and
+#: whose share it holds is a few MiB per core; reading twice that size between cold
+#: runs took 60 ms a pass, and allocating the buffer 7.6 s in each worker (the VM backs
+#: fresh pages on first touch), half of a four-model evaluation.
+_MAX_LLC_BYTES = 64 << 20
 #: Timed runs of the speed probe per reading (the least of them is the reading: the
 #: first finds the caches as the last session left them)...
 _PROBE_RUNS = 3
@@ -70,7 +76,7 @@ def eviction_bytes() -> int:
     """The data read between two runs of a cold session (see :class:`_Evictor`)."""
     from dlbricks.roofline.peaks import data_cache_bytes
 
-    return _EVICTION_CACHE_MULTIPLE * (data_cache_bytes() or _DEFAULT_LLC_BYTES)
+    return _EVICTION_CACHE_MULTIPLE * min(data_cache_bytes() or _DEFAULT_LLC_BYTES, _MAX_LLC_BYTES)
 
 
 class _Evictor:

@@ -83,7 +83,8 @@ class RunnerConfig:
             other sessions' is still up to 50% slow; none for one of 0.5 s or more,
             whose first run is as fast as any), so the timed runs find the brick's
             weights and inputs cached (a brick looped alone). ``"cold"``: between two
-            runs of a session, twice the largest cache's size of other data is read (the
+            runs of a session, twice the largest cache's size (up to 64 MiB of it: a cloud
+            VM reports its host socket's) of other data is read (the
             other cold sessions' runs, topped up from an eviction buffer when they fall
             short), so its weights come from DRAM whatever else is being measured; its
             inputs are read just before the run (as a layer finds the output its

@@ -573,16 +573,21 @@ def test_a_cold_session_alone_in_its_rounds_reads_its_weights_from_memory():
     # between two of its runs: the eviction must not depend on them. 1024x1024 floats
     # (4 MiB) fit the last-level cache, so warm reads them from it and cold from DRAM.
     from dlbricks.roofline.peaks import data_cache_bytes
+    from dlbricks.timing.engine_worker import _MAX_LLC_BYTES
 
-    if (data_cache_bytes() or 0) < 8 << 20:
+    llc = data_cache_bytes() or 0
+    if llc < 8 << 20:
         pytest.skip("needs a last-level cache that holds 4 MiB of weights twice over")
+    # A cache larger than the eviction read counts (a cloud VM's view of its host's
+    # socket) is only partly evicted: the weights come from DRAM only in part.
+    factor = 1.5 if llc <= _MAX_LLC_BYTES else 1.15
     medians = {}
     for state in ("warm", "cold"):
         out: dict[str, Measurement] = {}
         measure([EngineItem("mm", _matmul_model(1024, "mm"))], [], RunnerConfig(cache_state=state, max_rounds=8),
                 on_result=lambda it, r, out=out: out.__setitem__(it.id, r))
         medians[state] = out["mm"].stats.median
-    assert medians["cold"] > 1.5 * medians["warm"], medians
+    assert medians["cold"] > factor * medians["warm"], medians
 
 
 def test_a_warm_session_gets_discarded_runs_when_it_is_short_or_its_weights_fit_the_last_level_cache():
@@ -628,9 +633,14 @@ def test_a_warm_session_longer_than_a_burst_is_warm_if_its_weights_fit_the_last_
     # last-level cache must get its discarded run back even when one run outlasts a
     # burst (here every run does: burst_s is tiny), or it is timed cold.
     from dlbricks.roofline.peaks import data_cache_bytes
+    from dlbricks.timing.engine_worker import _MAX_LLC_BYTES
 
-    if (data_cache_bytes() or 0) < 8 << 20:
+    llc = data_cache_bytes() or 0
+    if llc < 8 << 20:
         pytest.skip("needs a last-level cache that holds 4 MiB of weights twice over")
+    # A cache larger than the eviction read counts (a cloud VM's view of its host's
+    # socket) is only partly evicted: the weights come from DRAM only in part.
+    factor = 1.5 if llc <= _MAX_LLC_BYTES else 1.15
     out = {}
     items = [EngineItem("model", _matmul_model(1024, "model"), warm=True),
              EngineItem("brick", _matmul_model(1024, "brick"))]

@@ -633,14 +633,9 @@ def test_a_warm_session_longer_than_a_burst_is_warm_if_its_weights_fit_the_last_
     # last-level cache must get its discarded run back even when one run outlasts a
     # burst (here every run does: burst_s is tiny), or it is timed cold.
     from dlbricks.roofline.peaks import data_cache_bytes
-    from dlbricks.timing.engine_worker import _MAX_LLC_BYTES
 
-    llc = data_cache_bytes() or 0
-    if llc < 8 << 20:
+    if (data_cache_bytes() or 0) < 8 << 20:
         pytest.skip("needs a last-level cache that holds 4 MiB of weights twice over")
-    # A cache larger than the eviction read counts (a cloud VM's view of its host's
-    # socket) is only partly evicted: the weights come from DRAM only in part.
-    factor = 1.5 if llc <= _MAX_LLC_BYTES else 1.15
     out = {}
     items = [EngineItem("model", _matmul_model(1024, "model"), warm=True),
              EngineItem("brick", _matmul_model(1024, "brick"))]

@@ -261,7 +261,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                         "several of a shared host's slow phases (default 6)")
     e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="auto",
                    help="warm: a burst starts with discarded runs (two under 0.5 ms, none from 0.5 s), so the timed runs find the brick cached; "
-                        "cold: between two runs twice the largest cache's size of other data is read (other "
+                        "cold: between two runs twice the largest cache's size (up to 64 MiB) of other data is read (other "
                         "sessions' runs, topped up from an eviction buffer), so its weights come from memory, and "
                         "its inputs are read just before it; auto (default): cold for bricks whose weights outgrow "
                         "the L2 cache, warm for the others")

@@ -162,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    from dlbricks.timing.heap import keep_freed_memory
+
+    # This process generates and parses model after model: memory it frees is kept
+    # for the next one instead of being returned to the system (see timing/heap.py).
+    keep_freed_memory()
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:

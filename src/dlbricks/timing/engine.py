@@ -1029,6 +1029,7 @@ class _Engine:
         self.summary = EngineSummary(groups=len(self.groups))
         # cache_state "auto": sessions whose weights outgrow this are timed cold.
         self.l2_bytes = _l2_bytes() if config.cache_state == "auto" else 0
+        self.memory_budget = _memory_budget(config)
         self.eviction_nbytes = eviction_bytes()
         self.eviction_s = 0.0 if config.cache_state == "warm" else self.eviction_nbytes / _EVICTION_READ_BPS
         self.done = 0
@@ -1211,6 +1212,7 @@ class _Engine:
             self.reopen(w)
             self.open_many(again, only=w)
             return
+        wk.answered(t.info["slot"])
         if msg[0] == "failed":
             self.fail(t, "error", f"{label}: {msg[2]}", time.perf_counter() - t_sent)
             return
@@ -1466,15 +1468,15 @@ class _Engine:
 
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()
-        budget = _memory_budget(self.config)
+        budget = self.memory_budget
         pending = [t for t in self.tracks.values()]
         try:
             while pending:
                 # Open as many sessions as the memory budget holds: one batch.
                 self.summary.batches += 1
                 def full() -> bool:
-                    rss = sum(w.rss for w in self.workers if w is not None)
-                    return rss >= budget and any(x.open for x in self.tracks.values())
+                    held = sum(w.rss + w.spool_bytes for w in self.workers if w is not None)
+                    return held >= budget and any(x.open for x in self.tracks.values())
 
                 self.group_states, self.batch_round, self.unsent = {}, 0, 0
                 pending = self.open_many(pending, stop=full)

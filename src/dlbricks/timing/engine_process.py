@@ -20,6 +20,7 @@ from typing import Any
 
 from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
+from dlbricks.timing.heap import TUNABLES, with_tunables
 from dlbricks.timing.workers import describe_exit
 
 __all__ = ["WorkerDied", "WorkerProcess", "spool_dir", "worker_env"]
@@ -83,15 +84,13 @@ def _alive(pid: int) -> bool:
 
 def worker_env(config: RunnerConfig) -> dict[str, str]:
     """The environment a worker process starts with: this one's, with one OpenMP
-    thread (onnxruntime's own pools do the threading) and, with ``config.huge_pages``,
-    glibc's malloc asked to back the heap with transparent huge pages (a tunable read
+    thread (onnxruntime's own pools do the threading), glibc's malloc keeping the
+    memory sessions free for the next ones (:mod:`dlbricks.timing.heap`) and, with
+    ``config.huge_pages``, backing the heap with transparent huge pages (tunables read
     at process start, hence set here, before the worker exists)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    if config.huge_pages:
-        tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb=")]
-        env["GLIBC_TUNABLES"] = ":".join([*tunables, "glibc.malloc.hugetlb=1"])
-    return env
+    return with_tunables(env, [*TUNABLES, *(["glibc.malloc.hugetlb=1"] if config.huge_pages else [])])
 
 
 class WorkerDied(Exception):
@@ -129,8 +128,13 @@ class WorkerProcess:
         self._sender.start()
         self.slots: dict[int, str] = {}  # beacon slot -> item id
         self.next_slot = 0
-        self.rss = 0
-        self.spooled: list[str] = []  # files of large models handed over (removed by the worker)
+        self.rss = 0  # resident bytes, the memory kept for its next sessions included
+        # Spool files for large models, reused: a file's pages stay allocated, and a
+        # new file would take fresh ones from the system for every model (see
+        # timing/heap.py for what that costs). Free ones as (path, size); busy ones
+        # by the slot of the request that carries them.
+        self._spool_free: list[tuple[str, int]] = []
+        self._spool_busy: dict[int, tuple[str, int]] = {}
         try:
             self.tx.send(("config", config.to_dict()))
             self.reply(start_timeout_s, "starting")
@@ -167,12 +171,37 @@ class WorkerProcess:
         if msg and msg[0] == "open" and isinstance(msg[2], bytes) and len(msg[2]) > _SPOOL_BYTES:
             # A large model goes through a file: one write here, one read there, instead
             # of a pipe the parent's generating thread must keep feeding 64 KiB at a time.
-            fd, path = tempfile.mkstemp(prefix=spool_prefix("model"), suffix=".onnx", dir=spool_dir())
-            with os.fdopen(fd, "wb") as f:
-                f.write(msg[2])
-            self.spooled.append(path)
-            msg = msg[:2] + (("spool", path),) + msg[3:]
+            data: bytes = msg[2]
+            path, size = self._spool_file(len(data))
+            with open(path, "r+b") as f:
+                f.write(data)
+            self._spool_busy[msg[5]] = (path, max(size, len(data)))
+            msg = msg[:2] + (("spool", path, len(data)),) + msg[3:]
         self._outbox.put(msg)
+
+    def _spool_file(self, nbytes: int) -> tuple[str, int]:
+        """A free spool file: the smallest that holds ``nbytes``, else the largest (it
+        grows), else a new one."""
+        fits = [f for f in self._spool_free if f[1] >= nbytes]
+        if fits or self._spool_free:
+            chosen = min(fits, key=lambda f: f[1]) if fits else max(self._spool_free, key=lambda f: f[1])
+            self._spool_free.remove(chosen)
+            return chosen
+        fd, path = tempfile.mkstemp(prefix=spool_prefix("model"), suffix=".onnx", dir=spool_dir())
+        os.close(fd)
+        return path, 0
+
+    @property
+    def spool_bytes(self) -> int:
+        """What its spool files hold (memory, in tmpfs)."""
+        return sum(size for _, size in [*self._spool_free, *self._spool_busy.values()])
+
+    def answered(self, slot: int) -> None:
+        """The worker answered the open request of ``slot``: its spool file, if it had
+        one, is free for the next."""
+        f = self._spool_busy.pop(slot, None)
+        if f is not None:
+            self._spool_free.append(f)
 
     def _send_loop(self) -> None:
         while True:
@@ -195,11 +224,12 @@ class WorkerProcess:
             pass
         for c in (self.tx, self.rx):
             c.close()
-        for path in self.spooled:  # those a dead worker did not get to
+        for path, _ in [*self._spool_free, *self._spool_busy.values()]:
             try:
                 os.unlink(path)
             except OSError:
                 pass
+        self._spool_free, self._spool_busy = [], {}
         try:
             os.unlink(self._beacon_path)
         except OSError:

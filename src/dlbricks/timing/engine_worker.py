@@ -18,7 +18,9 @@ Protocol (pickled tuples over a pipe, one reply per request):
 - ``("pin", cpus)`` -> ``("pinned",)`` or ``("failed", None, message)``: move to those
   CPUs to build sessions while no round runs, or back to the configured cores (``cpus``
   None) to time them.
-- ``("close", [id, ...])`` -> ``("closed", rss_bytes)``.
+- ``("close", [id, ...])`` -> ``("closed", resident_bytes)``: what the worker holds,
+  the memory of the closed sessions included: it keeps that for the next ones
+  (:mod:`dlbricks.timing.heap`).
 - ``None`` or end of file: exit.
 
 Before touching a session the worker writes its slot number into the *beacon*, a
@@ -229,32 +231,6 @@ class _Session:
         self.nbytes = nbytes
 
 
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _release_free_memory() -> None:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim``), so that
-    the resident size the engine budgets its next batch by is what sessions hold, not
-    what closed ones left in malloc's free lists."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return
-    trim.argtypes = [ctypes.c_size_t]
-    trim(0)
-
-
 def _touch(arrays: list[np.ndarray]) -> None:
     # Reading every cache line brings the inputs into the caches, as a layer finds
     # the output its predecessor just wrote; summing bytes is the cheapest full read.
@@ -303,6 +279,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     from dlbricks.errors import DlbricksError
     from dlbricks.timing.config import RunnerConfig
     from dlbricks.timing.fpenv import FloatEnv, count_denormals
+    from dlbricks.timing.heap import resident_bytes
     from dlbricks.timing.session import pin_process, pinned, prepare_session, source_nbytes, timed_runs
     from dlbricks.timing.workers import serve as serve_requests
 
@@ -333,11 +310,13 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
             _, item_id, source, int_bounds, seed, slot = msg
             beacon.set(slot)
             t0 = time.perf_counter()
-            spool = None
-            if isinstance(source, tuple) and source[:1] == ("spool",):
-                spool = source = source[1]  # a large model the parent wrote to a file for us
-            nbytes = source_nbytes(source)  # before a spooled file is removed
             try:
+                if isinstance(source, tuple) and source[:1] == ("spool",):
+                    # A large model the parent wrote at the start of one of its spool
+                    # files, which it reuses once this request is answered.
+                    with open(source[1], "rb") as f:
+                        source = f.read(source[2])
+                nbytes = source_nbytes(source)
                 # With pool threads, the session is created on all the cores and this
                 # thread goes back to cores[0], where the process pinning keeps it; the
                 # flush mode set for the session stays for its rounds.
@@ -350,7 +329,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                     "setup_s": time.perf_counter() - t0,
                     "warmup_runs": warm_runs + 2,  # bind runs the session twice
                     "run_s": run_s,
-                    "rss": _rss_bytes(),
+                    "rss": resident_bytes(),
                     "io_binding": bound.uses_iobinding,
                     "denormals_flushed": flushed,
                     "denormals_in": _fraction(feeds.values(), count_denormals),
@@ -363,9 +342,6 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 return ("failed", item_id, text.splitlines()[0] if text else type(exc).__name__)
             finally:
                 beacon.set(-1)
-                if spool is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(spool)
         elif op == "round":
             plan: list[tuple[str, int, bool]] = msg[1]
             out: dict[str, list[int]] = {item_id: [] for item_id, _, _ in plan}
@@ -418,9 +394,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
         elif op == "close":
             for item_id in msg[1]:
                 sessions.pop(item_id, None)
-            if not sessions:
-                _release_free_memory()
-            return ("closed", _rss_bytes())
+            return ("closed", resident_bytes())
         else:  # pragma: no cover - protocol error
             return ("error", f"unknown request {op!r}")
 

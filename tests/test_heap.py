@@ -1,0 +1,49 @@
+"""timing/heap.py: memory a process frees stays with it for what it allocates next."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dlbricks.timing.heap import TUNABLES, with_tunables
+
+_PROBE = """
+import json, sys, time, numpy as np
+from dlbricks.timing.heap import keep_freed_memory, resident_bytes
+kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+a = np.ones(256 << 17)  # 256 MiB, every page touched
+held = resident_bytes()
+del a
+print(json.dumps({"kept": kept, "held": held, "freed": resident_bytes()}))
+"""
+
+
+def test_tunables_replace_those_of_the_same_name_and_keep_the_others():
+    env = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=5:glibc.malloc.arena_max=2", "X": "1"}
+    out = with_tunables(env, TUNABLES)
+    assert out["X"] == "1" and env["GLIBC_TUNABLES"] == "glibc.malloc.mmap_max=5:glibc.malloc.arena_max=2"
+    assert out["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + ":".join(TUNABLES)
+    assert with_tunables({}, ["a=1"])["GLIBC_TUNABLES"] == "a=1"
+
+
+def _probe(mode: str, env: dict[str, str] | None = None) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True, env=env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="no /proc to read resident sizes from")
+def test_freed_memory_stays_resident_where_it_is_kept_and_goes_back_where_not():
+    kept = _probe("keep")
+    if not kept["kept"]:
+        pytest.skip("not glibc: malloc's own policy applies")
+    assert kept["freed"] > kept["held"] - (16 << 20), kept
+    # The tunables do for a new process what keep_freed_memory does for a running one.
+    tuned = _probe("no", with_tunables(dict(os.environ), TUNABLES))
+    assert tuned["freed"] > tuned["held"] - (16 << 20), tuned
+    # Without either, glibc gives a block that large back as soon as it is freed.
+    default = _probe("no", {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"})
+    assert default["freed"] < default["held"] - (200 << 20), default

@@ -96,8 +96,9 @@ class RunnerConfig:
             and code evicted too) and a model run does not. Part of the result key.
         burst_s: the longest burst one session gets per round; a brick needing more
             iterations gets them over more rounds.
-        memory_budget_mb: the most memory the engine's sessions may hold at once
-            (0: half of the memory available at start).
+        memory_budget_mb: the most memory the engine's workers may hold at once: their
+            sessions, what closed ones freed (kept for the next) and the spool files of
+            large models (0: half of the memory available at start).
         clock: what the measurement engine reads a run's duration from. ``"thread"``:
             the calling thread's CPU time, which leaves out the time the thread was
             descheduled, so a run preempted by another process on a shared host does not

@@ -1029,7 +1029,6 @@ class _Engine:
         self.summary = EngineSummary(groups=len(self.groups))
         # cache_state "auto": sessions whose weights outgrow this are timed cold.
         self.l2_bytes = _l2_bytes() if config.cache_state == "auto" else 0
-        self.memory_budget = _memory_budget(config)
         self.eviction_nbytes = eviction_bytes()
         self.eviction_s = 0.0 if config.cache_state == "warm" else self.eviction_nbytes / _EVICTION_READ_BPS
         self.done = 0
@@ -1468,7 +1467,7 @@ class _Engine:
 
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()
-        budget = self.memory_budget
+        budget = _memory_budget(self.config)
         pending = [t for t in self.tracks.values()]
         try:
             while pending:

@@ -183,31 +183,27 @@ def test_bench_reuses_the_store_and_measures_only_new_bricks(tmp_path):
         assert third.bricks_measured == third.bricks_total
 
 
-def test_items_with_large_weights_go_to_the_worker_as_files_and_measure_as_bytes_do(tmp_path, monkeypatch):
-    import dlbricks.pipeline as pipeline
+def test_large_weights_come_from_the_run_s_weight_pool_which_is_removed_after(tmp_path, monkeypatch):
+    import dlbricks.weight_pool as weight_pool
 
-    m = load(chain_model(2))
+    # Convolutions with 64 channels: 147 KiB of weights each, above the pool's minimum.
+    m = load(chain_model(2, c=64))
+    made: list = []
+    original = weight_pool.WeightPool.model
+
+    def spy(self):
+        made.append(window := original(self))
+        return window
+
+    monkeypatch.setattr(weight_pool.WeightPool, "model", spy)
     work = tmp_path / "work"
-    with Store(tmp_path / "bytes.sqlite") as store:
-        as_bytes = bench([m], [1], store=store, config=FAST, e2e=True, workdir=work)
-    written: list[str] = []
-    import dlbricks.bricks as bricks
-
-    original = bricks.write_brick  # the pipeline imports it where it is used, so the spy sees every call
-
-    def spy(model, members, path, **kw):
-        written.append(str(path))
-        return original(model, members, path, **kw)
-
-    monkeypatch.setattr(bricks, "write_brick", spy)
-    monkeypatch.setattr(pipeline, "_FILE_WEIGHT_BYTES", 1)  # every item with a weight
-    with Store(tmp_path / "files.sqlite") as store:
-        as_files = bench([m], [1], store=store, config=FAST, e2e=True, workdir=work)
-    assert as_files.bricks_measured == as_bytes.bricks_measured == as_files.bricks_total > 0
-    assert as_files.models_measured == as_bytes.models_measured == 1 and as_files.bricks_failed == 0
-    # Every brick with a weight (the convolutions) and the whole model went as files,
-    # and none is left behind once measured.
-    assert any("/model/" in p for p in written) and any("/brick/" in p for p in written)
+    with Store(tmp_path / "s.sqlite") as store:
+        s = bench([m], [1], store=store, config=FAST, e2e=True, workdir=work)
+    assert s.bricks_measured == s.bricks_total > 0 and s.models_measured == 1 and s.bricks_failed == 0
+    # The convolution brick and the whole model named pooled weights (two 147 KiB
+    # convolutions in the model, one in the brick), and no file is left once measured.
+    pooled = sorted(w.nbytes for w in made)
+    assert pooled[-1] == 2 * 64 * 64 * 9 * 4 and 64 * 64 * 9 * 4 in pooled
     assert not [p for p in work.rglob("*") if p.is_file()]
 
 

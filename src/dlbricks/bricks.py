@@ -29,6 +29,7 @@ from dlbricks.model import Layer, Model, ModelLike, TensorType
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.progress import Progress
+    from dlbricks.weight_pool import PoolWindow
 
 WeightsMode = Literal["synthetic", "source"]
 
@@ -99,31 +100,38 @@ def repeating_uniform(rng: np.random.Generator, n: int, low: float, high: float,
     return np.resize(block, n) if n > _BLOCK else block
 
 
+def weight_range(ttype: TensorType, *, op_type: str = "", slot: int = -1) -> tuple[float, float]:
+    """The interval a synthetic weight of this type is drawn from (see :func:`synthesize`):
+    integers [0, 4); inputs that must be positive (BatchNormalization's variance and
+    scale) [0.5, 1.5]; multi-dimensional floats uniform with variance ``1/fan_in``, so
+    activations keep their magnitude through a brick; other floats [-0.1, 0.1]."""
+    if np.issubdtype(ttype.dtype, np.integer):
+        return 0.0, 4.0
+    if slot in _POSITIVE_SLOTS.get(op_type, ()):
+        return 0.5, 1.5
+    shape = ttype.shape
+    if len(shape) >= 2:
+        fan_in = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+        high = float(np.sqrt(3.0 / fan_in))
+        return -high, high
+    return -0.1, 0.1
+
+
 def synthesize(ttype: TensorType, rng: np.random.Generator, *, op_type: str = "", slot: int = -1) -> np.ndarray:
     """A synthetic weight: dtype-correct, seeded, and in a numerically benign range.
 
-    Floats never come near the denormal range: multi-dimensional weights are uniform
-    with variance ``1/fan_in`` so activations keep their magnitude through a brick;
-    inputs that must be positive (BatchNormalization's variance and scale) are drawn
-    from [0.5, 1.5]. Values repeat a seeded block of 64K: dense kernels do not care,
-    and it keeps generating VGG-19's 400 MB of weights fast.
+    Floats never come near the denormal range; the range is :func:`weight_range`'s.
+    Values repeat a seeded block of 64K: dense kernels do not care, and it keeps
+    generating VGG-19's 400 MB of weights fast.
     """
     dtype = ttype.dtype
     shape = ttype.shape
-    n = ttype.numel
     if dtype == np.bool_:
         return rng.integers(0, 2, size=shape).astype(np.bool_)
+    low, high = weight_range(ttype, op_type=op_type, slot=slot)
     if np.issubdtype(dtype, np.integer):
-        return rng.integers(0, 4, size=shape).astype(dtype)
-    if slot in _POSITIVE_SLOTS.get(op_type, ()):
-        low, high = 0.5, 1.5
-    elif len(shape) >= 2:
-        fan_in = max(1, int(np.prod(shape[1:], dtype=np.int64)))
-        high = float(np.sqrt(3.0 / fan_in))
-        low = -high
-    else:
-        low, high = -0.1, 0.1
-    return repeating_uniform(rng, n, low, high).reshape(shape).astype(dtype, copy=False)
+        return rng.integers(int(low), int(high), size=shape).astype(dtype)
+    return repeating_uniform(rng, ttype.numel, low, high).reshape(shape).astype(dtype, copy=False)
 
 
 def _value_info(name: str, ttype: TensorType) -> onnx.ValueInfoProto:
@@ -156,6 +164,7 @@ def generate_brick(
     digest: bytes | str = b"\0" * 16,
     G: int = 0,
     weights_file: str | os.PathLike[str] | None = None,
+    pool: PoolWindow | None = None,
 ) -> tuple[onnx.ModelProto, BrickInfo]:
     """Build one brick: the layers ``members`` of ``model`` as a standalone ONNX model.
 
@@ -214,6 +223,11 @@ def generate_brick(
                     value = np.asarray(const.value)
                 elif weights == "source":
                     value = np.asarray(model.constant_value(name))
+                elif pool is not None and const.role == "weight" and pool.accepts(const.type):
+                    low, high = weight_range(const.type, op_type=layer.op_type, slot=slot)
+                    initializers.append(pool.tensor(name, const.type, low, high))
+                    weight_bytes += const.type.nbytes
+                    continue
                 else:
                     value = synthesize(const.type, rng, op_type=layer.op_type, slot=slot)
                     weight_bytes += value.nbytes
@@ -244,6 +258,10 @@ def generate_brick(
                 seen_constants.add(name)
                 if constant_role(ctype) == "param" or weights == "source":
                     value = np.asarray(model.constant_value(name))
+                elif pool is not None and pool.accepts(ctype):
+                    initializers.append(pool.tensor(name, ctype, *weight_range(ctype)))
+                    weight_bytes += ctype.nbytes
+                    continue
                 else:
                     value = synthesize(ctype, rng)
                     weight_bytes += value.nbytes

@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Collection, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Collection, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -28,7 +28,9 @@ from dlbricks.timing import calibration
 from dlbricks.timing.engine import EngineItem, EngineProgress, Group, measure
 from dlbricks.timing.engine_process import remove_stale_spools, spool_dir, spool_prefix
 from dlbricks.timing.runner import Failure, Measurement
+from dlbricks.timing.session import SerializedModel
 from dlbricks.versions import brick_digest_version, model_digest_version
+from dlbricks.weight_pool import WeightPool
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -201,7 +203,8 @@ def bench(
         Gs: granularities.
         store: the results store; each result is committed as soon as it is measured.
         config: the runner configuration (part of the result key).
-        workdir: where bricks are written (default: a temporary folder, removed after).
+        workdir: where the run keeps its weight pool (default: a temporary folder, in
+            memory where there is /dev/shm); the pool is removed after.
         force: re-measure even what the store has.
         e2e: also time each whole model (synthetic weights, like the bricks).
         bricks: time the bricks (False: only end-to-end runs).
@@ -248,10 +251,9 @@ def bench(
     remove_stale_spools()
     tmp_ctx = (tempfile.TemporaryDirectory(prefix=spool_prefix("bricks"), dir=spool_dir()) if workdir is None
                else contextlib.nullcontext(str(workdir)))
-    with tmp_ctx as wd, Progress(progress, "benchmarking") as bar:
-        out = Path(wd)
+    with tmp_ctx as wd, Progress(progress, "benchmarking") as bar, _weight_pool(Path(wd), seed) as pool:
         bar.set_total(len(todo))
-        engine_items = [_engine_item(w, out, brick_dirs, seed) for w in todo]
+        engine_items = [_engine_item(w, brick_dirs, seed, pool) for w in todo]
         kinds = {f"{w.kind}:{w.digest}": (w.kind, w.digest) for w in todo}
         # Rounds an interrupted run checkpointed go on from where they were.
         partial = {
@@ -293,11 +295,6 @@ def bench(
                 if on_event is not None:
                     on_event(f"{kind} {d[:12]} failed: {error}")
             done[0] += 1
-            # Files this run wrote (bricks too large to pass as bytes, whole models
-            # with external weights) are not needed once measured.
-            for path in (out / kind / f"{d}.onnx", out / kind / f"{d}.onnx.data"):
-                with contextlib.suppress(OSError):
-                    path.unlink()
 
         def on_progress(p: EngineProgress) -> None:
             status = f"opening sessions ({p.opened} of {p.total})" if p.phase == "opening" else f"round {p.rounds}"
@@ -312,27 +309,25 @@ def bench(
     return summary
 
 
-#: Items whose weights exceed this are handed to the worker as files (in tmpfs where
-#: there is one): the weights are written once, raw and page-aligned, and onnxruntime
-#: maps them, instead of being copied into protobuf, serialized, sent and parsed (for
-#: a BERT-base whole model 2.3 s of generation and serialization become 0.3 s).
-_FILE_WEIGHT_BYTES = 16 << 20
+@contextlib.contextmanager
+def _weight_pool(folder: Path, seed: int) -> Iterator[WeightPool]:
+    """The run's weight pool, in ``folder/weights``, removed when the run ends."""
+    pool = WeightPool(folder / "weights", seed=seed)
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
-def _weight_bytes(model: Model, members: Sequence[int] | np.ndarray) -> int:
-    """The synthesised weights of ``members`` (a shared weight counted per layer)."""
-    layers = model.layers
-    return sum(c.type.nbytes for i in members for c in layers[int(i)].constants.values() if c.role == "weight")
-
-
-def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed: int) -> EngineItem:
-    """A work item as the engine's item: generated when its session is opened, and
-    handed over as bytes (no file written and read back) unless its weights are large."""
-    from dlbricks.bricks import generate_brick, whole_model, whole_model_window, write_brick
+def _engine_item(w: WorkItem, brick_dirs: Sequence[str | Path], seed: int, pool: WeightPool) -> EngineItem:
+    """A work item as the engine's item: generated when its session is opened, its
+    large weights windows of the run's weight pool, handed over as a small serialized
+    graph (no file written, no weights copied)."""
+    from dlbricks.bricks import generate_brick, whole_model_window
 
     model = cast(Model, w.model)  # bench plans loaded Models; only Ray's driver plans sketches
 
-    def source() -> tuple[bytes | str, dict[str, int] | None]:
+    def source() -> tuple[str | SerializedModel, dict[str, int] | None]:
         members: Sequence[int] | np.ndarray
         if w.kind == "brick":
             for b in brick_dirs:
@@ -342,15 +337,10 @@ def _engine_item(w: WorkItem, out: Path, brick_dirs: Sequence[str | Path], seed:
             members, digest, G = w.members, w.digest, w.G
         else:
             members, digest, G = whole_model_window(model)
-        if _weight_bytes(model, members) >= _FILE_WEIGHT_BYTES:
-            path = out / w.kind / f"{w.digest}.onnx"
-            _, info = write_brick(model, members, path, seed=seed, digest=digest, G=G, check=False)
-            return str(path), dict(info.int_bounds) or None
-        if w.kind == "brick":
-            proto, info = generate_brick(model, members, seed=seed, digest=digest, G=G)
-        else:
-            proto, info = whole_model(model, seed=seed)
-        return proto.SerializeToString(), dict(info.int_bounds) or None
+        window = pool.model()
+        proto, info = generate_brick(model, members, seed=seed, digest=digest, G=G, pool=window)
+        data = SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes)
+        return data, dict(info.int_bounds) or None
 
     label = f"{w.kind} {w.digest[:12]}" if w.kind == "brick" else f"model {getattr(w.model, 'name', w.digest[:12])}"
     # Whole models are not engine references (measured over every round of their

@@ -49,6 +49,9 @@ def _load_proto(source: Any) -> onnx.ModelProto:
         return source
     if isinstance(source, (bytes, bytearray)):
         return onnx.load_from_string(bytes(source))
+    data = getattr(source, "data", None)  # a SerializedModel: the graph, its weights elsewhere
+    if isinstance(data, bytes):
+        return onnx.load_from_string(data)
     try:
         # Weights are not needed to read the graph; skip external data.
         return onnx.load(os.fspath(source), load_external_data=False)

@@ -39,6 +39,22 @@ def _affinity_string(cores: tuple[int, ...], threads: int) -> str:
     return ";".join(str(cores[(i + 1) % len(cores)] + 1) for i in range(threads - 1))
 
 
+@dataclass(frozen=True)
+class SerializedModel:
+    """A serialized model whose external data live in ``weights_dir`` (the weights of
+    a :class:`dlbricks.weight_pool.WeightPool`): what the engine hands its workers.
+
+    Attributes:
+        data: the serialized ``ModelProto``.
+        weights_dir: the folder its external-data locations are relative to.
+        weight_bytes: the bytes of weights it names there.
+    """
+
+    data: bytes
+    weights_dir: str
+    weight_bytes: int = 0
+
+
 def model_label(model: Any) -> str:
     if isinstance(model, (str, os.PathLike)):
         return os.fspath(model)
@@ -87,7 +103,7 @@ def create_session(
     :func:`prepared_session`); this only adds the pool-thread affinities.
 
     Args:
-        model: a path, serialized bytes or an ``onnx.ModelProto``.
+        model: a path, serialized bytes, a :class:`SerializedModel` or an ``onnx.ModelProto``.
         config: the runner configuration (defaults to ``RunnerConfig()``).
         options: the session options to use instead of ``session_options(config)``:
             made by :func:`session_options` and then extended (profiling, the saved
@@ -103,8 +119,11 @@ def create_session(
     import onnxruntime as ort
 
     so = options if options is not None else session_options(config or RunnerConfig())
-    if isinstance(model, (str, os.PathLike)):
-        src: Any = os.fspath(model)
+    if isinstance(model, SerializedModel):
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", model.weights_dir)
+        src: Any = model.data
+    elif isinstance(model, (str, os.PathLike)):
+        src = os.fspath(model)
     elif isinstance(model, (bytes, bytearray)):
         src = bytes(model)
     else:
@@ -275,6 +294,8 @@ def source_nbytes(source: Any) -> int:
     """The size of a serialized model or model file, with the raw weights file that
     :func:`dlbricks.bricks.write_brick` puts beside it (``path + '.data'``): its
     weights, to within the few kilobytes of its graph. 0 for anything else."""
+    if isinstance(source, SerializedModel):
+        return len(source.data) + source.weight_bytes
     if isinstance(source, (bytes, bytearray, memoryview)):
         return len(source)
     try:

@@ -1,0 +1,127 @@
+"""The weight pool: one run's synthetic weights, shared by the models it generates."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from dlbricks.bricks import generate_brick, weight_range
+from dlbricks.loading import load
+from dlbricks.model import TensorType
+from dlbricks.timing.session import SerializedModel, create_session, source_nbytes
+from dlbricks.weight_pool import MIN_POOLED_BYTES, WeightPool
+
+
+def _external(t: TensorProto) -> dict[str, str]:
+    assert t.data_location == TensorProto.EXTERNAL
+    return {e.key: e.value for e in t.external_data}
+
+
+def _values(pool: WeightPool, t: TensorProto) -> np.ndarray:
+    ext = _external(t)
+    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+    raw = (pool.folder / ext["location"]).read_bytes()[int(ext["offset"]):int(ext["offset"]) + int(ext["length"])]
+    return np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims))
+
+
+def test_one_model_s_weights_never_overlap_and_the_next_model_reuses_the_same_bytes(tmp_path):
+    pool = WeightPool(tmp_path / "w")
+    f32 = TensorType(TensorProto.FLOAT, (256, 256))  # 256 KiB
+    a = pool.model()
+    first = [a.tensor(f"w{i}", f32, -0.1, 0.1) for i in range(3)]
+    spans = sorted((int(_external(t)["offset"]), int(_external(t)["length"])) for t in first)
+    assert all(off % 4096 == 0 for off, _ in spans)
+    assert all(o1 + n1 <= o2 for (o1, n1), (o2, _) in zip(spans, spans[1:]))
+    assert a.nbytes == 3 * f32.nbytes
+    size = pool.nbytes
+    assert 3 * f32.nbytes <= size < 3 * f32.nbytes + (1 << 20)
+    b = pool.model()
+    second = b.tensor("v", f32, -0.1, 0.1)
+    assert _external(second)["offset"] == "0" and _external(second)["location"] == _external(first[0])["location"]
+    assert pool.nbytes == size  # nothing written for a model that fits in what is there
+    np.testing.assert_array_equal(_values(pool, second), _values(pool, first[0]))
+    pool.close()
+    assert not (tmp_path / "w").exists()
+
+
+@settings(max_examples=25, deadline=None)
+@given(fan_in=st.integers(1, 1 << 16), positive=st.booleans(), ints=st.booleans())
+def test_pooled_values_have_the_type_and_about_the_range_a_synthesised_weight_gets(tmp_path_factory, fan_in, positive,
+                                                                                   ints):
+    pool = WeightPool(tmp_path_factory.mktemp("pool"))
+    rows = max(1, (MIN_POOLED_BYTES // 4 + fan_in - 1) // fan_in)
+    ttype = TensorType(TensorProto.INT32 if ints else TensorProto.FLOAT, (rows, fan_in))
+    low, high = weight_range(ttype, op_type="BatchNormalization" if positive else "MatMul", slot=1)
+    values = _values(pool, pool.model().tensor("w", ttype, low, high))
+    assert values.dtype == ttype.dtype and values.shape == ttype.shape
+    if ints:
+        assert values.min() >= 0 and values.max() < 4
+    elif positive:
+        assert values.min() >= 0.5 and values.max() <= 1.5
+    else:
+        # The fan-in is rounded to a power of two: within 2**(1/4) of the range it would get.
+        bound = float(np.abs(values).max())
+        assert bound <= high * 2 ** 0.25 * (1 + 1e-6)
+        assert bound >= high / 2 ** 0.25 * 0.9  # 64K uniform draws come near the bound
+    pool.close()
+
+
+def _matmul_model(k: int = 256, n: int = 512) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.ones((k, n), np.float32), "w")
+    b = numpy_helper.from_array(np.ones((n,), np.float32), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Add", ["h", "b"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_brick_with_pooled_weights_runs_in_onnxruntime_and_computes_what_the_same_weights_inline_do(tmp_path):
+    model = load(_matmul_model())
+    pool = WeightPool(tmp_path / "w", seed=3)
+    window = pool.model()
+    proto, info = generate_brick(model, [0, 1], pool=window)
+    inits = {t.name: t for t in proto.graph.initializer}
+    # The 512 KiB matrix is in the pool; the 2 KiB bias stays in the model.
+    assert inits["w"].data_location == TensorProto.EXTERNAL and inits["b"].data_location != TensorProto.EXTERNAL
+    assert window.nbytes == 256 * 512 * 4 and info.weight_bytes == 256 * 512 * 4 + 512 * 4
+    source = SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes)
+    assert source_nbytes(source) == len(source.data) + window.nbytes and len(source.data) < 16 << 10
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 256)).astype(np.float32)
+    got = create_session(source).run(None, {"x": x})[0]
+    inline = onnx.ModelProto()
+    inline.CopyFrom(proto)
+    for t in inline.graph.initializer:
+        if t.name == "w":
+            t.CopyFrom(numpy_helper.from_array(_values(pool, inits["w"]), "w"))
+    want = create_session(inline.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    pool.close()
+
+
+def test_a_pooled_model_whose_pool_is_gone_fails_with_the_model_s_error(tmp_path):
+    from dlbricks.errors import DlbricksError
+
+    model = load(_matmul_model())
+    pool = WeightPool(tmp_path / "w")
+    window = pool.model()
+    proto, _ = generate_brick(model, [0], pool=window)
+    source = SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes)
+    pool.close()
+    with pytest.raises(DlbricksError, match="cannot load the model"):
+        create_session(source)
+
+
+def test_small_and_boolean_weights_stay_in_the_model():
+    small = TensorType(TensorProto.FLOAT, (16, 16))
+    flags = TensorType(TensorProto.BOOL, (1 << 20,))
+    big = TensorType(TensorProto.FLOAT16, (256, 256))
+    from dlbricks.weight_pool import PoolWindow
+
+    assert not PoolWindow.accepts(small) and not PoolWindow.accepts(flags) and PoolWindow.accepts(big)
+    assert math.isclose(weight_range(TensorType(TensorProto.FLOAT, (8, 3)))[1], 1.0)

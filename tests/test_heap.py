@@ -47,3 +47,20 @@ def test_freed_memory_stays_resident_where_it_is_kept_and_goes_back_where_not():
     # Without either, glibc gives a block that large back as soon as it is freed.
     default = _probe("no", {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"})
     assert default["freed"] < default["held"] - (200 << 20), default
+
+
+def test_workers_numpy_asks_for_huge_pages_only_when_the_configuration_does():
+    from dlbricks.timing.config import RunnerConfig
+    from dlbricks.timing.engine_process import worker_env
+
+    def numpy_advice(env: dict[str, str]) -> str:
+        # What numpy in a process started with ``env`` does with the advice: it reads
+        # the variable at import, and its setter returns the state it replaces.
+        code = "from numpy._core.multiarray import _set_madvise_hugepage as s; print(s(False))"
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    pytest.importorskip("numpy._core.multiarray")
+    assert numpy_advice(worker_env(RunnerConfig(huge_pages=False))) == "False"
+    assert numpy_advice(worker_env(RunnerConfig(huge_pages=True))) in ("True", "False")  # the kernel may not offer it
+    assert worker_env(RunnerConfig(huge_pages=True))["NUMPY_MADVISE_HUGEPAGE"] == "1"

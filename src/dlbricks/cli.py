@@ -162,11 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    from dlbricks.timing.heap import keep_freed_memory
+    from dlbricks.timing.heap import keep_freed_memory, numpy_huge_pages
 
     # This process generates and parses model after model: memory it frees is kept
-    # for the next one instead of being returned to the system (see timing/heap.py).
+    # for the next one instead of being returned to the system, on small pages (see
+    # timing/heap.py).
     keep_freed_memory()
+    numpy_huge_pages(False)
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:

@@ -85,11 +85,13 @@ def _alive(pid: int) -> bool:
 def worker_env(config: RunnerConfig) -> dict[str, str]:
     """The environment a worker process starts with: this one's, with one OpenMP
     thread (onnxruntime's own pools do the threading), glibc's malloc keeping the
-    memory sessions free for the next ones (:mod:`dlbricks.timing.heap`) and, with
-    ``config.huge_pages``, backing the heap with transparent huge pages (tunables read
-    at process start, hence set here, before the worker exists)."""
+    memory sessions free for the next ones (:mod:`dlbricks.timing.heap`), numpy not
+    asking for huge pages and, with ``config.huge_pages``, the heap backed with
+    transparent huge pages (tunables read at process start, hence set here, before
+    the worker exists)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    env["NUMPY_MADVISE_HUGEPAGE"] = "1" if config.huge_pages else "0"
     return with_tunables(env, [*TUNABLES, *(["glibc.malloc.hugetlb=1"] if config.huge_pages else [])])
 
 

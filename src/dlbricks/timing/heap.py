@@ -1,21 +1,26 @@
-"""Keep freed memory in the process that freed it, for what it allocates next.
+"""Keep freed memory in the process that freed it; huge pages only where asked for.
 
-Why: benchmarking a corpus builds and drops gigabytes of weights (generated, handed to
-a worker, parsed, packed by onnxruntime), model after model. glibc's malloc returns
-large blocks to the kernel as soon as they are freed (each allocation above its mmap
-threshold is its own mapping; the top of the heap is trimmed), so the next model's
-weights land on pages the kernel must find and zero again. On virtual machines that
-hand freed guest memory back to the host (free page reporting, ballooning) that is
-far dearer than zeroing: on the 2-vCPU Firecracker VM these figures were measured on,
-touching memory freed a few seconds earlier ran at 60-110 MB/s (a fresh 4 GiB numpy
-array took 38-60 s; in memory the process had kept, 0.2 s per GiB). Kept
-in malloc's free lists, the same pages serve the next model at memory speed.
+Why: benchmarking a corpus builds and drops gigabytes of weights (parsed and packed by
+onnxruntime), model after model. glibc's malloc returns large blocks to the kernel as
+soon as they are freed (each allocation above its mmap threshold is its own mapping;
+the top of the heap is trimmed), so the next model's weights land on pages the kernel
+must find and zero again. So the engine's processes (the CLI and its measurement
+workers) ask glibc never to map large blocks on their own and never to trim the heap:
+freed memory stays mapped and is reused. The engine's memory budget counts all that
+its workers hold (:func:`resident_bytes`), kept memory included: sessions of a later
+batch are built in what earlier ones freed.
 
-So the engine's processes (the CLI and its measurement workers) ask glibc never to
-map large blocks on their own and never to trim the heap: freed memory stays mapped
-and is reused. The engine's memory budget counts all that its workers hold
-(:func:`resident_bytes`), kept memory included: sessions of a later batch are built
-in what earlier ones freed. Elsewhere than glibc nothing changes.
+With every large block on the heap, numpy's habit of asking for transparent huge pages
+on its arrays (``madvise``, for arrays of 4 MiB or more) would turn the heap around
+them into huge-page memory, whatever ``RunnerConfig.huge_pages`` says. So numpy's
+advice is off in these processes, and the configuration alone decides (through
+glibc's own tunable, for the workers' whole heap). Huge pages have a price on some
+hosts: where the kernel compacts memory to find one (``defrag=madvise``, a common
+default) or a VM's host backs freed guest memory lazily, faulting them in is slow. On
+the 2-vCPU VM these figures were measured on, a fresh 1 GiB array took 0.2-17 s on
+huge pages (8 runs) and 0.40-0.51 s on 4 KiB pages (8 runs), and zeroing huge pages
+was 44% of a ``dlbricks demo``'s CPU time (``perf``, default settings).
+Elsewhere than glibc and numpy nothing changes.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import ctypes.util
 import functools
 import os
 
-__all__ = ["TUNABLES", "keep_freed_memory", "resident_bytes", "with_tunables"]
+__all__ = ["TUNABLES", "keep_freed_memory", "numpy_huge_pages", "resident_bytes", "with_tunables"]
 
 #: glibc tunables (``GLIBC_TUNABLES``, read at process start) that keep freed memory:
 #: no block gets a mapping of its own, and the heap's top is never given back.
@@ -62,6 +67,16 @@ def keep_freed_memory() -> bool:
     if libc is None:
         return False
     return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def numpy_huge_pages(enabled: bool) -> None:
+    """Whether numpy asks for transparent huge pages on its large arrays, in this
+    process (``NUMPY_MADVISE_HUGEPAGE`` says it for a new one)."""
+    import numpy._core.multiarray as multiarray
+
+    setter = getattr(multiarray, "_set_madvise_hugepage", None)
+    if setter is not None:  # a build without it keeps its default
+        setter(enabled)
 
 
 def resident_bytes() -> int:

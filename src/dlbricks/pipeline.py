@@ -319,11 +319,23 @@ def _weight_pool(folder: Path, seed: int) -> Iterator[WeightPool]:
         pool.close()
 
 
+def pooled_model(model: Model, members: Sequence[int] | np.ndarray, pool: WeightPool, *, seed: int,
+                 digest: str, G: int) -> tuple[SerializedModel, dict[str, int] | None]:
+    """Layers ``members`` of ``model`` (a brick, or the whole model) as the engine gets
+    them: a serialized graph whose large weights are windows of ``pool``, and the
+    bounds of its integer inputs."""
+    from dlbricks.bricks import generate_brick
+
+    window = pool.model()
+    proto, info = generate_brick(model, members, seed=seed, digest=digest, G=G, pool=window)
+    return SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes), dict(info.int_bounds) or None
+
+
 def _engine_item(w: WorkItem, brick_dirs: Sequence[str | Path], seed: int, pool: WeightPool) -> EngineItem:
     """A work item as the engine's item: generated when its session is opened, its
     large weights windows of the run's weight pool, handed over as a small serialized
     graph (no file written, no weights copied)."""
-    from dlbricks.bricks import generate_brick, whole_model_window
+    from dlbricks.bricks import whole_model_window
 
     model = cast(Model, w.model)  # bench plans loaded Models; only Ray's driver plans sketches
 
@@ -337,10 +349,7 @@ def _engine_item(w: WorkItem, brick_dirs: Sequence[str | Path], seed: int, pool:
             members, digest, G = w.members, w.digest, w.G
         else:
             members, digest, G = whole_model_window(model)
-        window = pool.model()
-        proto, info = generate_brick(model, members, seed=seed, digest=digest, G=G, pool=window)
-        data = SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes)
-        return data, dict(info.int_bounds) or None
+        return pooled_model(model, members, pool, seed=seed, digest=digest, G=G)
 
     label = f"{w.kind} {w.digest[:12]}" if w.kind == "brick" else f"model {getattr(w.model, 'name', w.digest[:12])}"
     # Whole models are not engine references (measured over every round of their

@@ -77,7 +77,11 @@ class TimingAgent:
             self.setup_error, cores = str(exc), cfg.cores
         self.config = replace(cfg, cores=cores)
         self.seed = seed
-        self.workdir = Path(tempfile.mkdtemp(prefix="dlbricks-agent-"))
+        from dlbricks.timing.engine_process import spool_dir, spool_prefix
+
+        # In memory where there is tmpfs (the weight pool's files), named so that a
+        # later run on this node removes it if this process is killed.
+        self.workdir = Path(tempfile.mkdtemp(prefix=spool_prefix("agent"), dir=spool_dir()))
         self.models: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.shapes: dict[str, Any] = {}  # item id -> the brick's shapes, read while generating it
 
@@ -114,12 +118,13 @@ class TimingAgent:
             self.models.popitem(last=False)
         return model
 
-    def _source(self, item: dict[str, Any]) -> Any:
-        """The engine's source callable for one payload: generates it on this node."""
-        from dlbricks.bricks import generate_brick, model_digest, whole_model
-        from dlbricks.pipeline import brick_shapes
+    def _source(self, item: dict[str, Any], pool: Any) -> Any:
+        """The engine's source callable for one payload: generates it on this node,
+        its large weights from the batch's weight pool (as a local bench does)."""
+        from dlbricks.bricks import model_digest, whole_model_window
+        from dlbricks.pipeline import brick_shapes, pooled_model
 
-        def source() -> tuple[bytes | str, dict[str, int] | None]:
+        def source() -> tuple[Any, dict[str, int] | None]:
             kind, d = item["kind"], item["digest"]
             model = self._model(item["path"], item["input_shapes"])
             if kind == "brick":
@@ -128,22 +133,14 @@ class TimingAgent:
                 if got != item["expect"]:
                     raise DlbricksError(f"{item['path']}: the model on this node differs from the driver's "
                                         "(layer digests)")
-                proto, info = generate_brick(model, members, seed=self.seed, digest=d, G=item["G"])
                 if item.get("shapes"):  # the driver's catalogue lacks them; the layers are built now
                     self.shapes[f"{kind}:{d}"] = brick_shapes(model, members)
-            else:
-                if model_digest(model) != d:
-                    raise DlbricksError(f"{item['path']}: the model on this node differs from the driver's "
-                                        "(model digest)")
-                proto, info = whole_model(model, seed=self.seed)
-            bounds = dict(info.int_bounds) or None
-            if proto.ByteSize() < (1 << 30):
-                return proto.SerializeToString(), bounds
-            from dlbricks.pipeline import write_whole_model
-
-            path = self.workdir / kind / f"{d}.onnx"
-            write_whole_model(proto, path)
-            return str(path), bounds
+                return pooled_model(model, members, pool, seed=self.seed, digest=d, G=item["G"])
+            if model_digest(model) != d:
+                raise DlbricksError(f"{item['path']}: the model on this node differs from the driver's "
+                                    "(model digest)")
+            members, digest, G = whole_model_window(model)
+            return pooled_model(model, members, pool, seed=self.seed, digest=digest, G=G)
 
         return source
 
@@ -160,9 +157,12 @@ class TimingAgent:
 
         if self.setup_error is not None:
             return [("failed", Failure(self.setup_error).to_dict(), 0.0, None) for _ in items]
+        from dlbricks.weight_pool import WeightPool
+
         self.shapes.clear()
+        pool = WeightPool(self.workdir / "weights", seed=self.seed)
         engine_items = [
-            EngineItem(f"{it['kind']}:{it['digest']}", self._source(it), seed=self.seed, warm=it["kind"] == "model",
+            EngineItem(f"{it['kind']}:{it['digest']}", self._source(it, pool), seed=self.seed, warm=it["kind"] == "model",
                        label=f"{it['kind']} {it['digest'][:12]}")
             for it in items
         ]
@@ -172,8 +172,7 @@ class TimingAgent:
         except DlbricksError as exc:  # the worker could not start: this batch fails, the next retries
             return [("failed", Failure(f"timing worker failed: {exc}", "error").to_dict(), 0.0, None) for _ in items]
         finally:
-            for child in self.workdir.iterdir():
-                shutil.rmtree(child, ignore_errors=True)
+            pool.close()
         out = []
         for it in engine_items:
             r = results.get(it.id) or Failure(f"{it.label}: no result from the engine", "error")

@@ -49,7 +49,7 @@ def remove_stale_spools() -> int:
     import re
     import shutil
 
-    pattern = re.compile(r"dlbricks-(?:bricks|model)-(\d+)-")
+    pattern = re.compile(r"dlbricks-(?:bricks|model|agent)-(\d+)-")
     removed = 0
     for folder in {spool_dir() or tempfile.gettempdir(), tempfile.gettempdir()}:
         try:

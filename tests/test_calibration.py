@@ -125,14 +125,15 @@ def test_evaluate_leaves_out_a_model_whose_end_to_end_run_fails_and_says_why(tmp
     from dlbricks.pipeline import evaluate
 
     good, bad = _chain("good", ["Relu", "Tanh"]), _chain("bad", ["Sigmoid", "Abs"])
-    real = bricks.whole_model
+    real = bricks.generate_brick
 
-    def whole_model(model, **kw):
-        if model.name == "bad":
+    def generate_brick(model, members, **kw):
+        # The whole model is the brick of all its layers; its bricks are built as usual.
+        if model.name == "bad" and len(members) == model.n_layers:
             raise DlbricksError("bad: cannot build the whole model (test)")
-        return real(model, **kw)
+        return real(model, members, **kw)
 
-    monkeypatch.setattr(bricks, "whole_model", whole_model)
+    monkeypatch.setattr(bricks, "generate_brick", generate_brick)
     with Store(tmp_path / "s.sqlite") as st:
         result = evaluate([good, bad], [1], store=st, config=CFG, n_boot=20)
     assert [m["name"] for m in result["models"]] == ["good"]

@@ -113,7 +113,7 @@ def test_a_pooled_model_whose_pool_is_gone_fails_with_the_model_s_error(tmp_path
     proto, _ = generate_brick(model, [0], pool=window)
     source = SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes)
     pool.close()
-    with pytest.raises(DlbricksError, match="cannot load the model"):
+    with pytest.raises(DlbricksError, match="cannot read its weights"):
         create_session(source)
 
 
@@ -125,3 +125,27 @@ def test_small_and_boolean_weights_stay_in_the_model():
 
     assert not PoolWindow.accepts(small) and not PoolWindow.accepts(flags) and PoolWindow.accepts(big)
     assert math.isclose(weight_range(TensorType(TensorProto.FLOAT, (8, 3)))[1], 1.0)
+
+
+def test_a_session_holds_its_own_copy_of_pooled_weights_not_the_pool_s_pages(tmp_path):
+    # An Add's constant: onnxruntime packs nothing for it, and would use the pool's
+    # pages in place if it were handed the folder. Rewriting the pool after the session
+    # is built then shows which memory the session reads.
+    n = 1 << 16
+    c = numpy_helper.from_array(np.ones(n, np.float32), "c")
+    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"], name="add")], "add",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])], [c])
+    model = load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    pool = WeightPool(tmp_path / "w")
+    window = pool.model()
+    proto, _ = generate_brick(model, [0], pool=window)
+    (init,) = proto.graph.initializer
+    before = _values(pool, init).copy()
+    session = create_session(SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes))
+    path = pool.folder / _external(init)["location"]
+    with open(path, "r+b") as f:
+        f.write(np.full(n, 7.0, np.float32).tobytes())
+    zeros = np.zeros(n, np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": zeros})[0], before)
+    pool.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -120,7 +121,20 @@ def create_session(
 
     so = options if options is not None else session_options(config or RunnerConfig())
     if isinstance(model, SerializedModel):
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", model.weights_dir)
+        # onnxruntime would map the pool's files and use the pages in place, so every
+        # session would share its weights' memory with every other (and on 4 KiB pages,
+        # whatever config.huge_pages says). Handed the files as memory, it copies each
+        # weight into its own allocation, as it does a weight inside the model (the
+        # mappings go when the options do).
+        names, arrays = [], []
+        try:
+            for name in sorted(os.listdir(model.weights_dir)):
+                with open(os.path.join(model.weights_dir, name), "rb") as f:
+                    arrays.append(np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8))
+                names.append(name)
+        except (OSError, ValueError) as exc:  # ValueError: mmap of an empty file
+            raise DlbricksError(f"{model_label(model)}: cannot read its weights in {model.weights_dir}: {exc}") from exc
+        so.add_external_initializers_from_files_in_memory(names, arrays, [a.nbytes for a in arrays])
         src: Any = model.data
     elif isinstance(model, (str, os.PathLike)):
         src = os.fspath(model)

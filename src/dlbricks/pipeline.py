@@ -11,12 +11,11 @@ bricks is :mod:`dlbricks.reconstruct`; comparing it with end-to-end runs is
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Collection, Iterator, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Collection, Sequence, cast
 
 import numpy as np
 
@@ -33,13 +32,12 @@ from dlbricks.versions import brick_digest_version, model_digest_version
 from dlbricks.weight_pool import WeightPool
 
 if TYPE_CHECKING:  # pragma: no cover
-    import onnx
 
     from dlbricks.store import Store
     from dlbricks.timing.config import RunnerConfig
 
 __all__ = ["BenchSummary", "WorkItem", "bench", "evaluate", "missing_work", "plan_work", "unique_bricks",
-           "precision_groups", "write_whole_model"]
+           "precision_groups"]
 
 @dataclass(slots=True)
 class BenchSummary:
@@ -251,7 +249,7 @@ def bench(
     remove_stale_spools()
     tmp_ctx = (tempfile.TemporaryDirectory(prefix=spool_prefix("bricks"), dir=spool_dir()) if workdir is None
                else contextlib.nullcontext(str(workdir)))
-    with tmp_ctx as wd, Progress(progress, "benchmarking") as bar, _weight_pool(Path(wd), seed) as pool:
+    with tmp_ctx as wd, Progress(progress, "benchmarking") as bar, WeightPool(Path(wd) / "weights", seed=seed) as pool:
         bar.set_total(len(todo))
         engine_items = [_engine_item(w, brick_dirs, seed, pool) for w in todo]
         kinds = {f"{w.kind}:{w.digest}": (w.kind, w.digest) for w in todo}
@@ -307,16 +305,6 @@ def bench(
         summary.generate_s = sum(it.prep_s for it in engine_items)
     summary.wall_s = time.perf_counter() - start
     return summary
-
-
-@contextlib.contextmanager
-def _weight_pool(folder: Path, seed: int) -> Iterator[WeightPool]:
-    """The run's weight pool, in ``folder/weights``, removed when the run ends."""
-    pool = WeightPool(folder / "weights", seed=seed)
-    try:
-        yield pool
-    finally:
-        pool.close()
 
 
 def pooled_model(model: Model, members: Sequence[int] | np.ndarray, pool: WeightPool, *, seed: int,
@@ -378,15 +366,3 @@ def precision_groups(models: Sequence[ModelLike], Gs: Sequence[int], todo: Seque
             if cols.size:
                 groups.append(Group(f"{m.name} G={G}", {ids[u]: float(occ[i, u]) for u in cols}))
     return groups
-
-
-def write_whole_model(proto: onnx.ModelProto, path: Path) -> None:
-    """Write a whole-model brick (weights inline or, when large, as external data)
-    through a temporary file, so a reader never sees part of one."""
-    import onnx
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    onnx.save_model(proto, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=path.name + ".data", size_threshold=1024)
-    os.replace(tmp, path)

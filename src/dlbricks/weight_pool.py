@@ -66,6 +66,12 @@ class WeightPool:
         shutil.rmtree(self.folder, ignore_errors=True)
         self._files.clear()
 
+    def __enter__(self) -> WeightPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _reserve(self, dtype: np.dtype, low: float, high: float, end: int) -> str:
         """The file holding values of ``dtype`` in [low, high), grown to at least ``end`` bytes."""
         key = (dtype.str, low, high)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from dlbricks.errors import DlbricksError
-from dlbricks.timing.session import model_label
+from dlbricks.timing.session import SerializedModel, model_label
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -49,9 +49,8 @@ def _load_proto(source: Any) -> onnx.ModelProto:
         return source
     if isinstance(source, (bytes, bytearray)):
         return onnx.load_from_string(bytes(source))
-    data = getattr(source, "data", None)  # a SerializedModel: the graph, its weights elsewhere
-    if isinstance(data, bytes):
-        return onnx.load_from_string(data)
+    if isinstance(source, SerializedModel):  # the graph; its weights are elsewhere
+        return onnx.load_from_string(source.data)
     try:
         # Weights are not needed to read the graph; skip external data.
         return onnx.load(os.fspath(source), load_external_data=False)

@@ -43,10 +43,13 @@ def test_quick_measurement_has_an_int8_matmul_peak(quick_peaks):
     assert p.int8_ridge_point == pytest.approx(p.int8_gops / p.bandwidth_gbs)
 
 
-def test_stream_arrays_are_larger_than_the_last_level_cache(quick_peaks):
-    p = quick_peaks
-    assert p.stream_bytes >= 64 << 20
-    assert p.stream_bytes >= 2 * p.last_level_cache_bytes
+def test_stream_arrays_are_twice_the_last_level_cache_within_bounds(quick_peaks):
+    from dlbricks.roofline.peaks import STREAM_MAX_BYTES, stream_array_bytes
+
+    assert quick_peaks.stream_bytes == stream_array_bytes(quick_peaks.last_level_cache_bytes)
+    assert stream_array_bytes(0) == 64 << 20  # cache sizes unknown
+    assert stream_array_bytes(40 << 20) == 80 << 20
+    assert stream_array_bytes(480 << 20) == STREAM_MAX_BYTES == 256 << 20  # a VM shown its host's L3
 
 
 def test_peaks_round_trip_through_json(quick_peaks):

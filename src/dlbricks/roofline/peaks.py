@@ -11,7 +11,8 @@
   as 2 ops a multiply-accumulate. The roofline bounds int ops by it. Peaks from
   before it existed read it as None; :func:`load_or_measure_peaks` then measures
   again.
-* **Bandwidth**, on arrays at least twice the last-level cache, counting bytes
+* **Bandwidth**, on arrays twice the last-level cache (64-256 MiB: see
+  :func:`stream_array_bytes`), counting bytes
   the STREAM way (arrays read plus arrays written; write-allocate traffic is not
   counted):
 
@@ -351,6 +352,24 @@ def _context() -> dict[str, Any]:
     }
 
 
+#: The largest array the bandwidth kernels stream (bytes, each of two or three).
+STREAM_MAX_BYTES = 256 << 20
+
+
+def stream_array_bytes(llc_bytes: int) -> int:
+    """Bytes of each array the bandwidth kernels stream: twice the last-level cache, so
+    that a pass reads DRAM, at least 64 MiB (cache sizes unknown or understated) and
+    at most :data:`STREAM_MAX_BYTES`.
+
+    Why a cap: a VM reports its host socket's L3 (480 MiB on the Xeon these figures are
+    from), of which a core of a 2-vCPU guest holds a share, and filling arrays is most
+    of the measurement where fresh memory is slow. There the measured bandwidth (numpy's
+    copy, the best kernel) read 21.9-24.2 GB/s with 256 MiB arrays (4 runs) and
+    23.4-23.6 GB/s with 960 MiB ones (2 runs, interleaved), and the whole measurement
+    took 4 s instead of 30-47 s."""
+    return min(max(2 * llc_bytes, 64 << 20), STREAM_MAX_BYTES)
+
+
 def measure_peaks(threads: int = 1, cores: Sequence[int] | None = None, quick: bool = False) -> Peaks:
     """Measure compute and memory peaks at ``threads`` onnxruntime intra-op threads.
 
@@ -390,15 +409,9 @@ def measure_peaks(threads: int = 1, cores: Sequence[int] | None = None, quick: b
         int8_by_size = {str(n): _matmul_int8_gops(n, cfg, reps, budget) for n in sizes}
         usable = [c.size_bytes for c in caches if c.type != "Instruction"]
         llc = max(usable) if usable else 32 << 20
-        # Twice the LLC, so each array streams from DRAM (a kernel reads two or three
-        # of them per pass); at least 64 MiB in case the cache sizes are unknown or
-        # understated. On a 480 MiB-L3 Xeon VM four times read the same bandwidths
-        # (within 3%, two interleaved pairs) and took 25-29 s instead of 7.4 s,
-        # most of it filling 5.6 GiB of arrays.
-        nbytes = max(2 * llc, 64 << 20)
-        # Each stream pass moves a gigabyte or more: the best of 8 read 2-4% below the
-        # best of 20 (copy and onnxruntime's Mul and Add, three pairs on a shared VM) in
-        # half the time, which in `dlbricks demo` is seconds of minutes.
+        nbytes = stream_array_bytes(llc)
+        # The best of 8 passes read 2-4% below the best of 20 (copy and onnxruntime's
+        # Mul and Add, gigabyte arrays, three pairs on a shared VM) in half the time.
         bw = _stream(nbytes // 4, cfg, 3 if quick else 8, 0.5 if quick else 1.0)
         return Peaks(
             threads=threads, gflops=max(by_size.values()), gflops_by_size=by_size,

@@ -114,16 +114,16 @@ class RunnerConfig:
         huge_pages: back the measurement worker's heap (onnxruntime's weights, its
             arena, the bound inputs and outputs) with transparent huge pages, through
             glibc's malloc tunable ``glibc.malloc.hugetlb=1``. With 4 KiB pages, where a
-            session's buffers land in physical memory differs in every session, and with
-            it the cache-set and TLB conflicts of its runs (two sessions of ShuffleNet
-            measured in the same rounds: coefficient of variation over ten sessions
-            1.4-2.9% on 4 KiB pages, 0.5-0.6% on huge pages). Off by default: what users
-            read, normalized latency, reproduced no better with them (largest range over
-            three runs of ``bench/reproducibility.py``, six interleaved pairs: median
-            0.062 with, 0.053 without), while faulting them in cost every session's
-            set-up dearly where the kernel compacts memory to find them or a VM backs
-            its memory lazily (nine light models, G=1: ``evaluate`` 72-74 s with, 54-55 s
-            without, two interleaved pairs). Needs glibc >= 2.35 and
+            session's buffers land in physical memory differs in every process and every
+            session, and with it the cache-set and TLB conflicts of its runs: two sessions
+            of one model, measured in the same rounds, then differ by several percent, so
+            a whole model's latency, one session of it, does not reproduce from one run to
+            the next. Huge pages make each 2 MiB contiguous. And a brick timed cold on
+            4 KiB pages walks page tables the eviction read pushed out, which its model,
+            streaming the same weights, largely does not: on 36 modern architectures
+            (G=1 and 3) without huge pages reconstructed latency read 13-16% high and
+            28-31% of models landed within 10% (one run), against 63-81% with them (two
+            runs); the nine light models showed no difference. Needs glibc >= 2.35 and
             transparent huge pages in ``madvise`` or ``always`` mode (see
             :func:`dlbricks.timing.sysinfo.huge_pages_available`); without them it changes
             nothing. Part of the key.
@@ -181,7 +181,7 @@ class RunnerConfig:
     speed_probe: bool = False
     clock: str = "auto"
     thread_spinning: bool = False
-    huge_pages: bool = False
+    huge_pages: bool = True
     open_cores: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

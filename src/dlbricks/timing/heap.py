@@ -19,7 +19,7 @@ hosts: where the kernel compacts memory to find one (``defrag=madvise``, a commo
 default) or a VM's host backs freed guest memory lazily, faulting them in is slow. On
 the 2-vCPU VM these figures were measured on, a fresh 1 GiB array took 0.2-17 s on
 huge pages (8 runs) and 0.40-0.51 s on 4 KiB pages (8 runs), and zeroing huge pages
-was 44% of a ``dlbricks demo``'s CPU time (``perf``, huge pages on). Memory the guest
+was 44% of a ``dlbricks demo``'s CPU time (``perf``, default settings). Memory the guest
 has not used for a while is dear on any page size there (its host takes freed memory
 back): 10 GiB took 122 s, then 31 s at once after; so every byte a process touches
 counts, and freed memory is worth keeping.

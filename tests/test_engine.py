@@ -37,8 +37,8 @@ class SyntheticWorker:
 
     def __init__(self, config, start_timeout_s, *, rng, speed=lambda r: 1.0, crash_on=(), counts=None, phase=None):
         self.rng, self.speed, self.crash_on, self.phase = rng, speed, set(crash_on), phase
-        self.specs, self.slots, self.next_slot, self.rss, self.round_no = {}, {}, 0, 0, 0
-        self.spool_bytes, self._held = 0, 0  # (the engine writes .rss from the replies)
+        self.specs, self.slots, self.next_slot, self.held, self.round_no = {}, {}, 0, 0, 0
+        self.spool_bytes, self._held = 0, 0  # (the engine writes .held from the replies)
         self.counts = counts if counts is not None else {}
         self.bursts: dict[str, list[int]] = {}  # runs per round, per item
         self._replies = collections.deque()
@@ -56,9 +56,9 @@ class SyntheticWorker:
                 self._replies.append(("failed", item_id, "cannot load the model: bad"))
                 return
             self.specs[item_id] = (spec, slot)
-            self._held += spec.get("rss", 0)  # the memory the session holds
+            self._held += spec.get("held", 0)  # the memory the session holds
             self._replies.append(("opened", item_id, {"slot": slot, "setup_s": 0.001, "run_s": spec["ns"] * 1e-9,
-                                                      "rss": self._held}))
+                                                      "held": self._held}))
         elif op == "round":
             out, probes = {}, {}
             f = self.speed(self.round_no)
@@ -88,7 +88,7 @@ class SyntheticWorker:
             wall = sum(sum(v) for v in out.values()) * 1e-9
             self._replies.append(("round", out, wall, probes) if probes else ("round", out, wall))
         elif op == "close":
-            self._held -= sum(self.specs[i][0].get("rss", 0) for i in msg[1])
+            self._held -= sum(self.specs[i][0].get("held", 0) for i in msg[1])
             self._replies.append(("closed", self._held))
 
     def answered(self, slot):
@@ -896,7 +896,7 @@ def test_sessions_open_while_what_the_workers_hold_and_their_spool_files_fit_the
             wk.spool_bytes = spool_bytes
             return wk
 
-        specs = {f"b{i}": {"ns": 1e6, "cv": 0.01, "rss": 20 * MiB} for i in range(20)}
+        specs = {f"b{i}": {"ns": 1e6, "cv": 0.01, "held": 20 * MiB} for i in range(20)}
         summary = measure([EngineItem(i, s) for i, s in specs.items()], [],
                           RunnerConfig(memory_budget_mb=100, min_span_s=0.0, open_cores=()),
                           on_result=lambda it, r: None, worker_factory=factory)
@@ -1068,6 +1068,18 @@ def test_real_workers_build_on_a_spare_cpu_and_time_on_the_pinned_one():
     assert all(isinstance(r, Measurement) and r.stats.median > 0 for r in results.values())
 
 
+def test_batches_after_the_first_fill_the_memory_budget_again_in_what_the_first_freed():
+    # 24 sessions of 16 MiB of weights (about 40 MiB each in the worker) against 200 MiB:
+    # five batches here. Counting the memory closed sessions left with the worker (its
+    # resident size) made every batch after the first hold only the requests already in
+    # flight: eight.
+    items = [EngineItem(f"m{i}", _matmul_model(2048, f"m{i}")) for i in range(24)]
+    config = RunnerConfig(memory_budget_mb=200, min_rounds=1, max_rounds=1, min_span_s=0.0, cache_state="warm",
+                          open_cores=())
+    summary = measure(items, [], config, on_result=lambda it, r: None)
+    assert summary.measured == 24 and summary.batches <= 6, summary
+
+
 def test_a_worker_keeps_the_memory_of_closed_sessions_for_the_next_and_reuses_its_spool_files():
     import glob
     import os
@@ -1079,25 +1091,36 @@ def test_a_worker_keeps_the_memory_of_closed_sessions_for_the_next_and_reuses_it
     wk = WorkerProcess(RunnerConfig(cache_state="warm"), 60.0)
     mine = os.path.join(spool_dir() or "/tmp", f"dlbricks-model-{os.getpid()}-*")
     before = set(glob.glob(mine))
-    try:
+
+    def resident():
         with open(f"/proc/{wk.proc.pid}/statm") as f:
-            started = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    try:
+        started = resident()
         wk.send(("open", "big", _matmul_model(4096, "big"), None, 0, 0))  # 64 MiB of weights, spooled
         opened = wk.reply(60.0, "opening")
         assert opened[0] == "opened", opened
+        with_big = resident()
         wk.answered(0)
         wk.send(("close", ["big"]))
         closed = wk.reply(60.0, "closing")
-        # The pages stay with the worker (and in what it reports for the budget) ...
-        assert closed[1] > opened[2]["rss"] - (16 << 20), (opened[2]["rss"], closed[1])
-        # ... and the next session of that size is built mostly in them, not in memory
+        # The pages stay with the worker ...
+        after_close = resident()
+        assert after_close > with_big - (16 << 20), (with_big, after_close)
+        # ... but what it reports for the memory budget is what its live sessions hold:
+        # the session's weights are no longer counted (else every batch after the first
+        # would hold only the sessions already in flight).
+        assert opened[2]["held"] - closed[1] > 48 << 20, (opened[2]["held"], closed[1])
+        # The next session of that size is built mostly in those pages, not in memory
         # taken from the system again (here the first grew the worker by 279 MiB: the
         # weights' bytes, parsed and packed copies; the second by 4-64 MiB, as the
         # heap's free blocks happened to fit, in three runs).
         wk.send(("open", "again", _matmul_model(4096, "again"), None, 0, 1))
         again = wk.reply(60.0, "opening")
-        first, second = opened[2]["rss"] - started, again[2]["rss"] - closed[1]
+        first, second = with_big - started, resident() - after_close
         assert again[0] == "opened" and first > 128 << 20 and second < first / 2, (first, second)
+        assert again[2]["held"] > closed[1] + (48 << 20)
         # Both large models went through the same spool file: reused, not made anew.
         assert len(set(glob.glob(mine)) - before) == 1
         wk.answered(1)

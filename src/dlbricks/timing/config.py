@@ -96,9 +96,10 @@ class RunnerConfig:
             and code evicted too) and a model run does not. Part of the result key.
         burst_s: the longest burst one session gets per round; a brick needing more
             iterations gets them over more rounds.
-        memory_budget_mb: the most memory the engine's workers may hold at once: their
-            sessions, what closed ones freed (kept for the next) and the spool files of
-            large models (0: half of the memory available at start).
+        memory_budget_mb: the most memory the engine's workers' live sessions and the
+            spool files of large models may hold at once (0: half of the memory
+            available at start); what closed sessions freed stays with the workers and
+            the next batch is built in it.
         clock: what the measurement engine reads a run's duration from. ``"thread"``:
             the calling thread's CPU time, which leaves out the time the thread was
             descheduled, so a run preempted by another process on a shared host does not
@@ -119,7 +120,7 @@ class RunnerConfig:
             of one model, measured in the same rounds, then differ by several percent, so
             a whole model's latency, one session of it, does not reproduce from one run to
             the next. Huge pages make each 2 MiB contiguous. And a brick timed cold on
-            4 KiB pages walks page tables the eviction read pushed out, which its model,
+            4 KiB pages likely walks page tables the eviction read pushed out, which its model,
             streaming the same weights, largely does not: on 36 modern architectures
             (G=1 and 3) without huge pages reconstructed latency read 13-16% high and
             28-31% of models landed within 10% (one run), against 63-81% with them (two

@@ -1217,7 +1217,7 @@ class _Engine:
             return
         t.info = msg[2]
         t.setup_s += float(t.info["setup_s"])
-        wk.rss = int(t.info.get("rss", wk.rss))
+        wk.held = int(t.info.get("held", wk.held))
         t.open = True
 
     def reopen(self, w: int) -> None:
@@ -1370,7 +1370,7 @@ class _Engine:
             wk.send(("close", ids))
             try:
                 msg = wk.reply(self.config.timeout_s, "closing sessions")
-                wk.rss = int(msg[1])
+                wk.held = int(msg[1])
             except WorkerDied:
                 self.workers[w] = None
 
@@ -1474,7 +1474,7 @@ class _Engine:
                 # Open as many sessions as the memory budget holds: one batch.
                 self.summary.batches += 1
                 def full() -> bool:
-                    held = sum(w.rss + w.spool_bytes for w in self.workers if w is not None)
+                    held = sum(w.held + w.spool_bytes for w in self.workers if w is not None)
                     return held >= budget and any(x.open for x in self.tracks.values())
 
                 self.group_states, self.batch_round, self.unsent = {}, 0, 0

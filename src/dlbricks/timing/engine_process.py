@@ -130,7 +130,7 @@ class WorkerProcess:
         self._sender.start()
         self.slots: dict[int, str] = {}  # beacon slot -> item id
         self.next_slot = 0
-        self.rss = 0  # resident bytes, the memory kept for its next sessions included
+        self.held = 0  # bytes its live sessions hold (not what it keeps for the next)
         # Spool files for large models, reused: a file's pages stay allocated, and a
         # new file would take fresh ones from the system for every model (see
         # timing/heap.py for what that costs). Free ones as (path, size); busy ones

@@ -18,9 +18,9 @@ Protocol (pickled tuples over a pipe, one reply per request):
 - ``("pin", cpus)`` -> ``("pinned",)`` or ``("failed", None, message)``: move to those
   CPUs to build sessions while no round runs, or back to the configured cores (``cpus``
   None) to time them.
-- ``("close", [id, ...])`` -> ``("closed", resident_bytes)``: what the worker holds,
-  the memory of the closed sessions included: it keeps that for the next ones
-  (:mod:`dlbricks.timing.heap`).
+- ``("close", [id, ...])`` -> ``("closed", held_bytes)``: what the worker's live
+  sessions hold now; the memory of the closed ones stays with the worker for the next
+  (:mod:`dlbricks.timing.heap`). ``info`` of ``opened`` has the same as ``"held"``.
 - ``None`` or end of file: exit.
 
 Before touching a session the worker writes its slot number into the *beacon*, a
@@ -279,7 +279,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     from dlbricks.errors import DlbricksError
     from dlbricks.timing.config import RunnerConfig
     from dlbricks.timing.fpenv import FloatEnv, count_denormals
-    from dlbricks.timing.heap import resident_bytes
+    from dlbricks.timing.heap import held_bytes
     from dlbricks.timing.session import pin_process, pinned, prepare_session, source_nbytes, timed_runs
     from dlbricks.timing.workers import serve as serve_requests
 
@@ -329,7 +329,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                     "setup_s": time.perf_counter() - t0,
                     "warmup_runs": warm_runs + 2,  # bind runs the session twice
                     "run_s": run_s,
-                    "rss": resident_bytes(),
+                    "held": held_bytes(),
                     "io_binding": bound.uses_iobinding,
                     "denormals_flushed": flushed,
                     "denormals_in": _fraction(feeds.values(), count_denormals),
@@ -394,7 +394,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
         elif op == "close":
             for item_id in msg[1]:
                 sessions.pop(item_id, None)
-            return ("closed", resident_bytes())
+            return ("closed", held_bytes())
         else:  # pragma: no cover - protocol error
             return ("error", f"unknown request {op!r}")
 

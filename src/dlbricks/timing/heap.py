@@ -6,9 +6,11 @@ soon as they are freed (each allocation above its mmap threshold is its own mapp
 the top of the heap is trimmed), so the next model's weights land on pages the kernel
 must find and zero again. So the engine's processes (the CLI and its measurement
 workers) ask glibc never to map large blocks on their own and never to trim the heap:
-freed memory stays mapped and is reused. The engine's memory budget counts all that
-its workers hold (:func:`resident_bytes`), kept memory included: sessions of a later
-batch are built in what earlier ones freed.
+freed memory stays mapped and is reused. The engine's memory budget counts what its
+workers' live sessions hold (:func:`held_bytes`: resident memory less what malloc
+keeps free for reuse), so a later batch fills the budget again, built in what the
+earlier ones freed; counting the kept memory too would leave every batch after the
+first with the few sessions already in flight.
 
 With every large block on the heap, numpy's habit of asking for transparent huge pages
 on its arrays (``madvise``, for arrays of 4 MiB or more) would turn the heap around
@@ -33,7 +35,7 @@ import ctypes.util
 import functools
 import os
 
-__all__ = ["TUNABLES", "keep_freed_memory", "numpy_huge_pages", "resident_bytes", "with_tunables"]
+__all__ = ["TUNABLES", "held_bytes", "keep_freed_memory", "numpy_huge_pages", "resident_bytes", "with_tunables"]
 
 #: glibc tunables (``GLIBC_TUNABLES``, read at process start) that keep freed memory:
 #: no block gets a mapping of its own, and the heap's top is never given back.
@@ -89,3 +91,22 @@ def resident_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def held_bytes() -> int:
+    """This process's resident size less the free memory malloc keeps for reuse
+    (glibc's ``mallinfo2``, all arenas): what its live data hold. The resident size
+    where that cannot be read (not glibc, or glibc before 2.33)."""
+    rss = resident_bytes()
+    libc = _libc()
+    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if fn is None:
+        return rss
+    fn.restype = _MallInfo2
+    fn.argtypes = []
+    return max(0, rss - int(fn().fordblks))

@@ -119,12 +119,7 @@ class RunnerConfig:
             session, and with it the cache-set and TLB conflicts of its runs: two sessions
             of one model, measured in the same rounds, then differ by several percent, so
             a whole model's latency, one session of it, does not reproduce from one run to
-            the next. Huge pages make each 2 MiB contiguous. And a brick timed cold on
-            4 KiB pages likely walks page tables the eviction read pushed out, which its model,
-            streaming the same weights, largely does not: on 36 modern architectures
-            (G=1 and 3) without huge pages reconstructed latency read 13-16% high and
-            28-31% of models landed within 10% (one run), against 63-81% with them (two
-            runs); the nine light models showed no difference. Needs glibc >= 2.35 and
+            the next. Huge pages make each 2 MiB contiguous. Needs glibc >= 2.35 and
             transparent huge pages in ``madvise`` or ``always`` mode (see
             :func:`dlbricks.timing.sysinfo.huge_pages_available`); without them it changes
             nothing. Part of the key.

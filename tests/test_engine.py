@@ -795,8 +795,8 @@ def test_huge_pages_ask_glibc_for_them_in_the_worker_and_key_results():
     old = dict(os.environ)
     os.environ.update(os_env)
     try:
-        on = worker_env(RunnerConfig())
-        off = worker_env(RunnerConfig(huge_pages=False))
+        on = worker_env(RunnerConfig(huge_pages=True))
+        off = worker_env(RunnerConfig())
     finally:
         os.environ.clear()
         os.environ.update(old)
@@ -804,7 +804,8 @@ def test_huge_pages_ask_glibc_for_them_in_the_worker_and_key_results():
     # The user's other tunables kept; freed memory kept for the next sessions either way.
     assert on["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{keep}:glibc.malloc.hugetlb=1"
     assert off["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0:{keep}"
-    assert RunnerConfig(huge_pages=False).key() != RunnerConfig().key()
+    assert RunnerConfig(huge_pages=True).key() != RunnerConfig().key()
+    assert not RunnerConfig().huge_pages
 
 
 def _anon_huge_kib(pid: int) -> int:

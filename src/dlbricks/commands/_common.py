@@ -277,10 +277,11 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                         "kernel timed around every burst (on a shared host the core's speed changes for seconds "
                         "at a time, so the sessions of one round meet different speeds); off by default: its "
                         "fitted slopes add more spread between runs than they take out")
-    e.add_argument("--no-huge-pages", action="store_true",
-                   help="do not back the measured sessions' memory with transparent huge pages (by default they "
-                        "are, where glibc and the kernel allow: with 4 KiB pages a session's latency depends on "
-                        "where its buffers land in physical memory, different in every run)")
+    e.add_argument("--huge-pages", action=argparse.BooleanOptionalAction, default=False,
+                   help="back the measured sessions' memory with transparent huge pages, where glibc and the "
+                        "kernel allow (with 4 KiB pages a session's latency depends a little on where its buffers "
+                        "land in physical memory); off by default: faulting them in makes every session's set-up "
+                        "slower on many hosts, and normalized latency reproduced no better with them")
     e.add_argument("--memory-budget", type=positive_int, default=0, metavar="MB",
                    help="most memory the measured sessions may hold at once (default: half the available)")
     g.add_argument("--allow-denormals", action="store_true", help="do not flush denormals to zero")
@@ -359,7 +360,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
             call_overhead=not args.no_call_overhead,
             speed_probe=args.speed_probe,
             clock=args.clock,
-            huge_pages=not args.no_huge_pages,
+            huge_pages=args.huge_pages,
             open_cores=open_cores(args),
         )
     except DlbricksError as exc:

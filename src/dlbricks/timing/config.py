@@ -115,11 +115,17 @@ class RunnerConfig:
         huge_pages: back the measurement worker's heap (onnxruntime's weights, its
             arena, the bound inputs and outputs) with transparent huge pages, through
             glibc's malloc tunable ``glibc.malloc.hugetlb=1``. With 4 KiB pages, where a
-            session's buffers land in physical memory differs in every process and every
-            session, and with it the cache-set and TLB conflicts of its runs: two sessions
-            of one model, measured in the same rounds, then differ by several percent, so
-            a whole model's latency, one session of it, does not reproduce from one run to
-            the next. Huge pages make each 2 MiB contiguous. Needs glibc >= 2.35 and
+            session's buffers land in physical memory differs in every session, and with
+            it the cache-set and TLB conflicts of its runs (two sessions of ShuffleNet
+            measured in the same rounds: coefficient of variation over ten sessions
+            1.4-2.9% on 4 KiB pages, 0.5-0.6% on huge pages). Off by default: what users
+            read, normalized latency, reproduced no better with them (largest range over
+            three runs of ``bench/reproducibility.py``, six interleaved pairs: median
+            0.062 with, 0.053 without), while faulting them in cost every session's
+            set-up dearly where the kernel compacts memory to find them or a VM backs
+            its memory lazily (on a 2-vCPU VM: nine light models at G=1, ``evaluate``
+            72-74 s with, 54-55 s without, two interleaved pairs; 36 modern
+            architectures at G=1,3, 292 s and 452 s with, 227 s without). Needs glibc >= 2.35 and
             transparent huge pages in ``madvise`` or ``always`` mode (see
             :func:`dlbricks.timing.sysinfo.huge_pages_available`); without them it changes
             nothing. Part of the key.
@@ -177,7 +183,7 @@ class RunnerConfig:
     speed_probe: bool = False
     clock: str = "auto"
     thread_spinning: bool = False
-    huge_pages: bool = True
+    huge_pages: bool = False
     open_cores: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

@@ -280,8 +280,9 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--huge-pages", action=argparse.BooleanOptionalAction, default=False,
                    help="back the measured sessions' memory with transparent huge pages, where glibc and the "
                         "kernel allow (with 4 KiB pages a session's latency depends a little on where its buffers "
-                        "land in physical memory); off by default: faulting them in makes every session's set-up "
-                        "slower on many hosts, and normalized latency reproduced no better with them")
+                        "land in physical memory); off by default: faulting them in slows every session's set-up "
+                        "where the kernel compacts memory to find them or a VM backs its memory lazily, and "
+                        "normalized latency reproduced no better with them")
     e.add_argument("--memory-budget", type=positive_int, default=0, metavar="MB",
                    help="most memory the measured sessions may hold at once (default: half the available)")
     g.add_argument("--allow-denormals", action="store_true", help="do not flush denormals to zero")

@@ -125,8 +125,8 @@ class RunnerConfig:
             set-up dearly where the kernel compacts memory to find them or a VM backs
             its memory lazily (on a 2-vCPU VM: nine light models at G=1, ``evaluate``
             72-74 s with, 54-55 s without, two interleaved pairs; 36 modern
-            architectures at G=1,3, 292 s and 452 s with, 227 s without). Needs glibc >= 2.35 and
-            transparent huge pages in ``madvise`` or ``always`` mode (see
+            architectures at G=1,3, 292 s and 452 s with, 227 s without). Needs glibc
+            >= 2.35 and transparent huge pages in ``madvise`` or ``always`` mode (see
             :func:`dlbricks.timing.sysinfo.huge_pages_available`); without them it changes
             nothing. Part of the key.
         open_cores: CPUs on which the measurement engine builds sessions while no round

@@ -21,7 +21,7 @@ hosts: where the kernel compacts memory to find one (``defrag=madvise``, a commo
 default) or a VM's host backs freed guest memory lazily, faulting them in is slow. On
 the 2-vCPU VM these figures were measured on, a fresh 1 GiB array took 0.2-17 s on
 huge pages (8 runs) and 0.40-0.51 s on 4 KiB pages (8 runs), and zeroing huge pages
-was 44% of a ``dlbricks demo``'s CPU time (``perf``, default settings). Memory the guest
+was 44% of a ``dlbricks demo``'s CPU time (``perf``, huge pages on). Memory the guest
 has not used for a while is dear on any page size there (its host takes freed memory
 back): 10 GiB took 122 s, then 31 s at once after; so every byte a process touches
 counts, and freed memory is worth keeping.
@@ -34,6 +34,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from typing import Any
 
 __all__ = ["TUNABLES", "held_bytes", "keep_freed_memory", "numpy_huge_pages", "resident_bytes", "with_tunables"]
 
@@ -98,15 +99,19 @@ class _MallInfo2(ctypes.Structure):
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
+@functools.lru_cache(maxsize=1)
+def _mallinfo2() -> Any:
+    libc = _libc()
+    fn = getattr(libc, "mallinfo2", None) if libc is not None else None  # glibc >= 2.33
+    if fn is not None:
+        fn.restype, fn.argtypes = _MallInfo2, []
+    return fn
+
+
 def held_bytes() -> int:
     """This process's resident size less the free memory malloc keeps for reuse
     (glibc's ``mallinfo2``, all arenas): what its live data hold. The resident size
     where that cannot be read (not glibc, or glibc before 2.33)."""
     rss = resident_bytes()
-    libc = _libc()
-    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
-    if fn is None:
-        return rss
-    fn.restype = _MallInfo2
-    fn.argtypes = []
-    return max(0, rss - int(fn().fordblks))
+    fn = _mallinfo2()
+    return rss if fn is None else max(0, rss - int(fn().fordblks))

@@ -183,6 +183,33 @@ def test_bench_reuses_the_store_and_measures_only_new_bricks(tmp_path):
         assert third.bricks_measured == third.bricks_total
 
 
+def test_work_is_planned_model_by_model_each_whole_model_before_the_bricks_first_seen_in_it(tmp_path):
+    from dlbricks.pipeline import missing_work, plan_work
+
+    a, b = tmp_path / "chain.onnx", tmp_path / "diamond.onnx"
+    onnx.save(chain_model(3), str(a))
+    onnx.save(diamond_model(), str(b))
+    models = [load(a), load(b)]
+    with Store(tmp_path / "s.sqlite") as st:
+        items = plan_work(models, [1, 2], st, e2e=True)
+        # The engine fills its memory budget in this order: a corpus measured in several
+        # batches then has each model in the same rounds as its bricks.
+        owner = [0 if w.model is models[0] else 1 for w in items]
+        assert owner == sorted(owner) and owner[0] == 0 and 1 in owner
+        for m in (0, 1):
+            first = owner.index(m)
+            assert items[first].kind == "model"
+            assert all(w.kind == "brick" for w, o in zip(items, owner) if o == m and w is not items[first])
+        # What the store lacks keeps that order.
+        sys_id = fingerprint_id(system_fingerprint())
+        st.put_system(system_fingerprint())
+        key = st.put_config(RunnerConfig())
+        done = items[1]
+        st.put_result(done.kind, done.digest, done.version, sys_id, key, fake_measurement(np.full(11, 1e5)))
+        todo, reused = missing_work(items, st, sys_id, key)
+        assert todo == [w for w in items if w is not done] and reused == {"brick": 1, "model": 0}
+
+
 def test_large_weights_come_from_the_run_s_weight_pool_which_is_removed_after(tmp_path, monkeypatch):
     import dlbricks.weight_pool as weight_pool
 

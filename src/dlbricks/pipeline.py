@@ -32,7 +32,6 @@ from dlbricks.versions import brick_digest_version, model_digest_version
 from dlbricks.weight_pool import WeightPool
 
 if TYPE_CHECKING:  # pragma: no cover
-
     from dlbricks.store import Store
     from dlbricks.timing.config import RunnerConfig
 

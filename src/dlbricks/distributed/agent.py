@@ -160,19 +160,18 @@ class TimingAgent:
         from dlbricks.weight_pool import WeightPool
 
         self.shapes.clear()
-        pool = WeightPool(self.workdir / "weights", seed=self.seed)
-        engine_items = [
-            EngineItem(f"{it['kind']}:{it['digest']}", self._source(it, pool), seed=self.seed, warm=it["kind"] == "model",
-                       label=f"{it['kind']} {it['digest'][:12]}")
-            for it in items
-        ]
         results: dict[str, Any] = {}
-        try:
-            measure(engine_items, [], self.config, on_result=lambda it, r: results.__setitem__(it.id, r))
-        except DlbricksError as exc:  # the worker could not start: this batch fails, the next retries
-            return [("failed", Failure(f"timing worker failed: {exc}", "error").to_dict(), 0.0, None) for _ in items]
-        finally:
-            pool.close()
+        with WeightPool(self.workdir / "weights", seed=self.seed) as pool:
+            engine_items = [
+                EngineItem(f"{it['kind']}:{it['digest']}", self._source(it, pool), seed=self.seed,
+                           warm=it["kind"] == "model", label=f"{it['kind']} {it['digest'][:12]}")
+                for it in items
+            ]
+            try:
+                measure(engine_items, [], self.config, on_result=lambda it, r: results.__setitem__(it.id, r))
+            except DlbricksError as exc:  # the worker could not start: this batch fails, the next retries
+                return [("failed", Failure(f"timing worker failed: {exc}", "error").to_dict(), 0.0, None)
+                        for _ in items]
         out = []
         for it in engine_items:
             r = results.get(it.id) or Failure(f"{it.label}: no result from the engine", "error")

@@ -138,6 +138,7 @@ def test_evaluate_leaves_out_a_model_whose_end_to_end_run_fails_and_says_why(tmp
         result = evaluate([good, bad], [1], store=st, config=CFG, n_boot=20)
     assert [m["name"] for m in result["models"]] == ["good"]
     assert result["excluded"][0]["name"] == "bad" and "test" in result["excluded"][0]["error"]
+    assert result["excluded"][0]["error"].startswith("its end-to-end run failed")
 
 
 def test_evaluate_leaves_out_a_model_one_of_whose_bricks_fails_and_says_why(tmp_path, monkeypatch):
@@ -160,3 +161,8 @@ def test_evaluate_leaves_out_a_model_one_of_whose_bricks_fails_and_says_why(tmp_
     assert [m["name"] for m in result["models"]] == ["good"]
     (left_out,) = result["excluded"]
     assert left_out["name"] == "bad" and "failed" in left_out["error"] and "test" in left_out["error"]
+    # The table names it too (the demo prints nothing else about it).
+    from dlbricks.commands.evaluate import render_evaluation
+
+    table = render_evaluation(result.to_dict())
+    assert any(line.startswith("! bad ") and "left out: brick" in line for line in table.splitlines())

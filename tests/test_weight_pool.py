@@ -117,6 +117,21 @@ def test_a_pooled_model_whose_pool_is_gone_fails_with_the_model_s_error(tmp_path
         create_session(source)
 
 
+def test_a_pooled_model_opens_while_the_pool_starts_a_file_for_another_model(tmp_path):
+    # The engine opens sessions while the run generates further models into the same
+    # pool: a file just created for another dtype is still empty when a worker looks.
+    from dlbricks.pipeline import pooled_model
+
+    model = load(_matmul_model())
+    pool = WeightPool(tmp_path / "w")
+    source, _ = pooled_model(model, [0, 1], pool, seed=0, digest="0" * 64, G=2)
+    assert source.weight_files == tuple(p.name for p in pool.folder.iterdir())
+    (pool.folder / "w9-float16.bin").touch()
+    x = np.zeros((4, 256), np.float32)
+    assert create_session(source).run(None, {"x": x})[0].shape == (4, 512)
+    pool.close()
+
+
 def test_small_and_boolean_weights_stay_in_the_model():
     small = TensorType(TensorProto.FLOAT, (16, 16))
     flags = TensorType(TensorProto.BOOL, (1 << 20,))

@@ -315,7 +315,8 @@ def evaluate(
     e2e_failed = [i for i, rec in enumerate(e2e) if rec is None or not rec.ok]
     excluded: list[dict[str, Any]] = [
         {"name": names[i], "path": paths[i],
-         "error": (e2e[i].error if e2e[i] is not None else None) or "no end-to-end result"}
+         "error": f"its end-to-end run failed: {e2e[i].error or 'failed'}" if e2e[i] is not None
+         else "no end-to-end result"}
         for i in e2e_failed
     ]
     if e2e_failed and len(e2e_failed) == len(models):

@@ -324,7 +324,8 @@ def pooled_model(model: Model, members: Sequence[int] | np.ndarray, pool: Weight
 
     window = pool.model()
     proto, info = generate_brick(model, members, seed=seed, digest=digest, G=G, pool=window)
-    return SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes), dict(info.int_bounds) or None
+    source = SerializedModel(proto.SerializeToString(), str(pool.folder), window.nbytes, tuple(sorted(window.files)))
+    return source, dict(info.int_bounds) or None
 
 
 def _engine_item(w: WorkItem, brick_dirs: Sequence[str | Path], seed: int, pool: WeightPool) -> EngineItem:

@@ -104,6 +104,8 @@ class PoolWindow:
         self.pool = pool
         self._next: dict[tuple[str, float, float], int] = {}
         self.nbytes = 0
+        #: The pool files this model's weights are in.
+        self.files: set[str] = set()
 
     @staticmethod
     def accepts(ttype: TensorType) -> bool:
@@ -126,6 +128,7 @@ class PoolWindow:
         offset = self._next.get(key, 0)
         nbytes = ttype.nbytes
         location = self.pool._reserve(dtype, low, high, offset + nbytes)
+        self.files.add(location)
         self._next[key] = offset + -(-nbytes // _ALIGN) * _ALIGN
         self.nbytes += nbytes
         t = TensorProto()

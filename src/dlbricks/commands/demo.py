@@ -64,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dlbricks.analysis import analyze, load_corpus, print_err
-    from dlbricks.commands.evaluate import render_evaluation
+    from dlbricks.commands.evaluate import print_excluded, render_evaluation
     from dlbricks.evaluation import evaluate
     from dlbricks.report.html import build_report
     from dlbricks.store import Store
@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         if evaluation.check is not None:
             print_check(evaluation.check)
         result = evaluation.to_dict()
+        print_excluded(result)
         record_graphs(result, {m.path: g for m, g in zip(models, used)})
         result["store"] = str(store_path)
         (work / "evaluation.json").write_text(json.dumps(result, indent=1))

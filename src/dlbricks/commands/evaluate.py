@@ -80,12 +80,17 @@ def run(args: argparse.Namespace) -> int:
     result["store"] = str(store.path)
     if evaluation.check is not None:
         print_check(evaluation.check)
-    for e in result.get("excluded", []):
-        print_err(f"left out {e['name']}: its end-to-end run failed ({e['error']})")
+    print_excluded(result)
     if args.save:
         write_atomically(args.save, json.dumps(result, indent=1) + "\n")
     emit(args, render_evaluation(result), result)
     return 0
+
+
+def print_excluded(result: Mapping[str, Any]) -> None:
+    """Warn of each model the evaluation left out, and why."""
+    for e in result.get("excluded", []):
+        print_err(f"left out {e['name']}: {e['error']}")
 
 
 def render_evaluation(result: Mapping[str, Any]) -> str:
@@ -124,6 +129,8 @@ def render_evaluation(result: Mapping[str, Any]) -> str:
         if result.get("graph") == "mixed" and m.get("graph") == "source":
             flags += "  (cut from its source graph)"
         lines.append(f"{mark} {m['name']:<{width}} {m['e2e_s'] / scale:>9.3f}" + "".join(cells) + flags)
+    for e in result.get("excluded", []):
+        lines.append(f"! {e['name']:<{width}} left out: {e['error']}")
     if result.get("attribution"):
         lines += ["", *render_attribution(result["attribution"])]
     reuse = result.get("reuse") or {}

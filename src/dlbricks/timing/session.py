@@ -49,11 +49,15 @@ class SerializedModel:
         data: the serialized ``ModelProto``.
         weights_dir: the folder its external-data locations are relative to.
         weight_bytes: the bytes of weights it names there.
+        weight_files: the files of ``weights_dir`` it names (None: all of them). The
+            pool grows while sessions open: a file another model is being written to
+            may be there, still empty.
     """
 
     data: bytes
     weights_dir: str
     weight_bytes: int = 0
+    weight_files: tuple[str, ...] | None = None
 
 
 def model_label(model: Any) -> str:
@@ -128,7 +132,8 @@ def create_session(
         # mappings go when the options do).
         names, arrays = [], []
         try:
-            for name in sorted(os.listdir(model.weights_dir)):
+            files = model.weight_files if model.weight_files is not None else sorted(os.listdir(model.weights_dir))
+            for name in files:
                 with open(os.path.join(model.weights_dir, name), "rb") as f:
                     arrays.append(np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8))
                 names.append(name)

@@ -147,10 +147,10 @@ def plan_work(
             store.put_model(d, mver, name=m.name, meta={"path": m.path, "layers": m.n_layers})
         items += [WorkItem("model", d, mver, m, None, 0) for d, m in whole.items()]
     # Model by model: each whole model, then the bricks first seen in it. The engine opens
-    # sessions in this order as far as its memory budget goes, so where a corpus needs
-    # several batches each model is measured in the same rounds as its own bricks, the
-    # rounds its normalized latency is taken over (evaluation.same_rounds_latency),
-    # rather than all models in the last batch, apart from the bricks of the others.
+    # sessions in this order as far as its memory budget goes, so where a corpus does not
+    # fit the budget at once each model is measured in the same rounds as its own bricks,
+    # the rounds its normalized latency is taken over (evaluation.same_rounds_latency),
+    # rather than all models at the end, apart from the bricks of the others.
     position = {id(m): i for i, m in enumerate(models)}
     position.update({id(m): i for i, m in enumerate(e2e_models or ())})
     items.sort(key=lambda w: (position.get(id(w.model), len(models)), w.kind != "model"))
@@ -279,7 +279,9 @@ def bench(
 
         probes: dict[str, Measurement | Failure] = {}
         if bricks and config.call_overhead and (force or calibration.stored(store, system_id, config_key) is None):
-            engine_items += calibration.probe_items(seed)
+            # First: a reference is measured for as long as anything else is, and the
+            # engine opens items in order as memory allows.
+            engine_items = calibration.probe_items(seed) + engine_items
         done = [0]
 
         def on_result(item: EngineItem, result: Measurement | Failure) -> None:

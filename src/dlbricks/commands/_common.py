@@ -284,7 +284,8 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                         "where the kernel compacts memory to find them or a VM backs its memory lazily, and "
                         "normalized latency reproduced no better with them")
     e.add_argument("--memory-budget", type=positive_int, default=0, metavar="MB",
-                   help="most memory the measured sessions may hold at once (default: half the available)")
+                   help="most memory the measured sessions may hold at once (default: 2048 or half the available, "
+                   "whichever is less)")
     g.add_argument("--allow-denormals", action="store_true", help="do not flush denormals to zero")
     g.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and inputs")
 

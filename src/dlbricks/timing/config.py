@@ -97,9 +97,11 @@ class RunnerConfig:
         burst_s: the longest burst one session gets per round; a brick needing more
             iterations gets them over more rounds.
         memory_budget_mb: the most memory the engine's workers' live sessions and the
-            spool files of large models may hold at once (0: half of the memory
-            available at start); what closed sessions freed stays with the workers and
-            the next batch is built in it.
+            spool files of large models may hold at once (0: 2 GiB or half of the
+            memory available at start, whichever is less; see
+            ``timing.engine.DEFAULT_MEMORY_BUDGET``). Sessions open in order as the
+            budget allows and close as they are final; what closed sessions freed
+            stays with the workers and the next sessions are built in it.
         clock: what the measurement engine reads a run's duration from. ``"thread"``:
             the calling thread's CPU time, which leaves out the time the thread was
             descheduled, so a run preempted by another process on a shared host does not

@@ -112,8 +112,8 @@ class EngineItem:
         label: how messages name it.
         resume: a checkpointed state of an earlier, interrupted run (see
             ``on_checkpoint`` of :func:`measure`): its rounds count as this run's.
-        reference: measured in every round for as long as any other item of its
-            batch is open, so that its estimate spans the same rounds, the same
+        reference: measured in every round for as long as any other item is
+            open, so that its estimate spans the same rounds, the same
             states of the machine, as what it is compared with (whole models against
             their bricks, the call-overhead probes against every brick). Its cost
             (``sampling_time_s``) counts only the rounds it needed for its precision.
@@ -145,13 +145,13 @@ class EngineProgress:
     Attributes:
         final: items with a result (measured or failed).
         total: all items.
-        opened: sessions opened so far (over all batches; reopened ones count again).
+        opened: sessions opened so far (reopened ones count again).
         rounds: rounds run so far.
         phase: ``"opening"`` (building and warming up sessions) or ``"measuring"``.
         eta_s: the seconds still to go: each open session's cost per round times the
             rounds its models' precision still needs (its interval narrows as one over
             the square root of its rounds), plus the sessions not yet opened at the
-            cost per session seen so far; None while the first batch's sessions are
+            cost per session seen so far; None while the first sessions are
             opened (nothing is known yet of the rounds their precision will need).
     """
 
@@ -170,6 +170,8 @@ class EngineSummary:
     measured: int = 0
     failed: int = 0
     rounds: int = 0
+    #: Times sessions were opened between rounds (the first fill of the memory
+    #: budget, then each time closed sessions made room).
     batches: int = 0
     worker_starts: int = 0
     converged_groups: int = 0
@@ -923,17 +925,31 @@ def _l2_bytes() -> int:
     return data_cache_bytes(2) or _DEFAULT_L2_BYTES
 
 
+#: The most memory live sessions hold by default. Memory a process touches for the
+#: first time costs far more than the same memory reused: on the 2-vCPU VM the figures
+#: come from (which returns idle memory to its host), 3-16 s per GiB, against 0.4 s
+#: for memory just freed. Closed sessions leave their memory with the worker for the
+#: next ones, so the working set, not the corpus, sets what is touched afresh:
+#: `dlbricks demo` (about 10 GB of sessions in all, 24 GiB of memory) took 130 and
+#: 144 s with half the memory available live, 128 and 113 s with 4 GiB, 119 and 126 s
+#: with 1 GiB (sessions then wait out their span in smaller rounds), 109, 86, 84 and
+#: 86 s with 2 GiB (interleaved runs, before sessions opened as others closed).
+DEFAULT_MEMORY_BUDGET = 2 << 30
+
+
 def _memory_budget(config: RunnerConfig) -> int:
+    """Bytes the live sessions may hold: the configured budget, or by default
+    :data:`DEFAULT_MEMORY_BUDGET` or half the memory available, whichever is less."""
     if config.memory_budget_mb:
         return config.memory_budget_mb << 20
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
+                    return min(DEFAULT_MEMORY_BUDGET, int(line.split()[1]) * 1024 // 2)
     except (OSError, ValueError):
         pass
-    return 4 << 30
+    return DEFAULT_MEMORY_BUDGET
 
 
 def _opening_cpus(config: RunnerConfig, lanes: Sequence[RunnerConfig]) -> list[int]:
@@ -1032,15 +1048,13 @@ class _Engine:
         self.eviction_nbytes = eviction_bytes()
         self.eviction_s = 0.0 if config.cache_state == "warm" else self.eviction_nbytes / _EVICTION_READ_BPS
         self.done = 0
-        #: Rounds run so far, over all batches: numbers each track's rounds.
+        #: Rounds run so far: numbers each track's rounds.
         self.rounds_run = 0
         # For the progress estimate: sessions opened and the wall time that took, the
-        # tracks not yet sent to a worker, the rounds of the current batch, and the
-        # time a round costs beyond its workers' (planning, results, checkpoints).
+        # tracks not yet sent to a worker, and the time a round costs beyond its workers' (planning, results, checkpoints).
         self.opened = 0
         self.open_wall_s = 0.0
         self.unsent = 0
-        self.batch_round = 0
         self.round_overhead_s = 0.0
         #: The latest round's wall time (s): the pace that spanning min_span_s goes at.
         self.last_round_s = 0.0
@@ -1229,10 +1243,9 @@ class _Engine:
 
     # ------------------------------------------------------------------ rounds
 
-    def plan(self, round_no: int) -> dict[int, list[tuple[str, int, bool]]]:
+    def plan(self) -> dict[int, list[tuple[str, int, bool]]]:
         cfg = self.config
         need = _allocation(self.groups, self.tracks, cfg.precision)
-        rounds_left = max(1, cfg.min_rounds - round_no)
         plans: dict[int, list[tuple[str, int, bool]]] = {}
         live = sum(t.open for t in self.tracks.values())
         per_item_s = max(_ITEM_ROUND_S, self.round_overhead_s / max(1, live))
@@ -1254,6 +1267,7 @@ class _Engine:
                 if k_best < k_max:
                     k_max = min(k_max, max(_MIN_BURST_RUNS, math.ceil(k_best)))
             want = need.get(t.item.id, 1.0) - len(t.times)
+            rounds_left = max(1, cfg.min_rounds - len(t.round_medians))
             k = int(min(k_max, max(1, math.ceil(want / rounds_left))))
             plans.setdefault(t.worker, []).append((t.item.id, k, warm))
         return plans
@@ -1264,7 +1278,7 @@ class _Engine:
         t_start = time.perf_counter()
         for w in sorted(self.away):
             self.pin(w, away=False)
-        plans = self.plan(round_no)
+        plans = self.plan()
         expected: dict[int, float] = {}
         # The lanes run at once; a lane's processes one after another.
         queued: dict[int, list[int]] = {}
@@ -1332,7 +1346,9 @@ class _Engine:
         self.speed.pool(list(self.tracks.values()))
         return max(lane_s.values(), default=0.0)
 
-    def finalize(self, round_no: int, force: str | None = None) -> None:
+    def finalize(self) -> None:
+        """Close what is final: converged (its groups' precision, ``min_rounds``,
+        ``min_span_s``) or out of rounds (``max_rounds`` of its own)."""
         cfg = self.config
         self.group_states = {id(g): _group_state(g, self.tracks, cfg.precision) for g in self.groups}
         state = {k: v[0] for k, v in self.group_states.items()}
@@ -1344,6 +1360,7 @@ class _Engine:
             if not t.open:
                 continue
             enough = len(t.round_medians) >= cfg.min_rounds
+            force = "max_rounds" if len(t.round_medians) >= cfg.max_rounds else None
             # Stopped by the round limit before its span, its precision is what counts.
             converged = enough and all(state[id(g)] for g in self.groups_of[t.item.id]) and (
                 force is not None or t.span_s(now) >= cfg.min_span_s)
@@ -1402,33 +1419,39 @@ class _Engine:
         needs (a group's interval narrows as one over the square root of its rounds,
         so ``r (h / precision)^2`` rounds in all reach the precision from half-width
         ``h`` after ``r``), at least up to ``min_rounds``, at most up to
-        ``max_rounds``; a reference runs as long as its batch's other items."""
+        ``max_rounds`` (each item's own rounds); a reference runs as long as the
+        other items."""
         cfg = self.config
-        cap = max(0, cfg.max_rounds - self.batch_round)
-        floor = max(0, cfg.min_rounds - self.batch_round)
-        if not self.group_states:  # a batch before its first round: no spread seen yet
-            return {i: float(floor) for i, t in self.tracks.items() if t.open}
+
+        def cap(t: _Track) -> float:
+            return float(max(0, cfg.max_rounds - len(t.round_medians)))
+
+        def floor(t: _Track) -> float:
+            return float(max(0, cfg.min_rounds - len(t.round_medians)))
+
         group_left: dict[int, float] = {}
         for g in self.groups:
             live = [self.tracks[i] for i in g.terms if self.tracks[i].open]
-            if not live:
+            state = self.group_states.get(id(g))
+            if not live or state is None:
                 continue
-            converged, half, _ = self.group_states[id(g)]
+            converged, half, _ = state
             r = max(len(t.round_medians) for t in live)
             need = 0.0
             if not converged:
-                need = r * (half / cfg.precision) ** 2 - r if r and math.isfinite(half) else float(cap)
-            group_left[id(g)] = min(float(cap), max(float(floor), math.ceil(need)))
+                # No spread seen yet: as many as any of them may still run.
+                need = r * (half / cfg.precision) ** 2 - r if r and math.isfinite(half) else max(map(cap, live))
+            group_left[id(g)] = float(math.ceil(need))
         # Rounds still needed to span ``min_span_s``, at the latest round's pace.
         now = time.perf_counter()
         pace = max(self.last_round_s, 1e-6)
 
         def spanning(t: _Track) -> float:
             short = cfg.min_span_s - t.span_s(now)
-            return min(float(cap), math.ceil(short / pace)) if short > 0 else 0.0
+            return float(math.ceil(short / pace)) if short > 0 else 0.0
 
         left = {
-            i: max(max((group_left.get(id(g), 0.0) for g in self.groups_of[i]), default=float(floor)), spanning(t))
+            i: min(cap(t), max(floor(t), spanning(t), *(group_left.get(id(g), 0.0) for g in self.groups_of[i])))
             for i, t in self.tracks.items() if t.open
         }
         longest = max((v for i, v in left.items() if not self.tracks[i].item.reference), default=0.0)
@@ -1439,7 +1462,7 @@ class _Engine:
 
     def eta_s(self, opening_left: int = 0) -> float | None:
         """Seconds still to go (see :class:`EngineProgress`); ``opening_left``: sessions
-        of this batch sent or queued but not open yet."""
+        sent or queued but not open yet."""
         measured = [t for t in self.tracks.values() if t.round_nos]
         if not measured:
             # Before the first round nothing says how many rounds the precision needs,
@@ -1458,7 +1481,7 @@ class _Engine:
                          else run_ratio * max(t.median * 1e-9, 1e-7))
             per_lane[t.lane] += n * per_round
         measuring = max(per_lane, default=0.0) + self.round_overhead_s * max(left.values(), default=0.0)
-        # Sessions not opened yet (in flight, or left for later batches) cost what a
+        # Sessions not opened yet (in flight, or waiting for memory) cost what a
         # measured one has: its opening plus its rounds, done and expected.
         per_session = self.open_wall_s / max(1, self.opened) + (
             sum(t.sampling_s + left.get(t.item.id, 0.0) * t.sampling_s / len(t.round_nos) for t in measured)
@@ -1468,33 +1491,37 @@ class _Engine:
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()
         budget = _memory_budget(self.config)
-        pending = [t for t in self.tracks.values()]
-        try:
-            while pending:
-                # Open as many sessions as the memory budget holds: one batch.
-                self.summary.batches += 1
-                def full() -> bool:
-                    held = sum(w.held + w.spool_bytes for w in self.workers if w is not None)
-                    return held >= budget and any(x.open for x in self.tracks.values())
 
-                self.group_states, self.batch_round, self.unsent = {}, 0, 0
-                pending = self.open_many(pending, stop=full)
-                self.unsent = len(pending)
-                round_no = 0
-                while any(t.open for t in self.tracks.values()):
-                    t_round = time.perf_counter()
-                    worker_s = self.run_round(round_no)
-                    round_no += 1
-                    self.batch_round = round_no
-                    self.summary.rounds += 1
-                    last = round_no >= self.config.max_rounds
-                    self.finalize(round_no, "max_rounds" if last else None)
-                    self.checkpoint()
-                    self.last_round_s = time.perf_counter() - t_round
-                    extra = max(0.0, self.last_round_s - worker_s)
-                    self.round_overhead_s = extra if self.summary.rounds == 1 else (
-                        0.7 * self.round_overhead_s + 0.3 * extra)
-                    self.report("measuring")
+        def full() -> bool:
+            held = sum(w.held + w.spool_bytes for w in self.workers if w is not None)
+            return held >= budget and any(x.open for x in self.tracks.values())
+
+        pending = list(self.tracks.values())
+        try:
+            while True:
+                # Open, in order, as many sessions as the memory budget holds. Sessions
+                # close as they are final, so each round may make room for more: a
+                # session waiting out its span (min_span_s) is measured alongside the
+                # next ones rather than in a batch of its own.
+                if pending and not full():
+                    self.summary.batches += 1
+                    self.unsent = 0
+                    pending = self.open_many(pending, stop=full)
+                    self.unsent = len(pending)
+                if not any(t.open for t in self.tracks.values()):
+                    if pending:
+                        continue
+                    break
+                t_round = time.perf_counter()
+                worker_s = self.run_round(self.summary.rounds)
+                self.summary.rounds += 1
+                self.finalize()
+                self.checkpoint()
+                self.last_round_s = time.perf_counter() - t_round
+                extra = max(0.0, self.last_round_s - worker_s)
+                self.round_overhead_s = extra if self.summary.rounds == 1 else (
+                    0.7 * self.round_overhead_s + 0.3 * extra)
+                self.report("measuring")
             self.summary.converged_groups = sum(
                 _group_state(g, self.tracks, self.config.precision)[0] for g in self.groups
             )

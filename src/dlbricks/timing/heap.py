@@ -8,9 +8,9 @@ must find and zero again. So the engine's processes (the CLI and its measurement
 workers) ask glibc never to map large blocks on their own and never to trim the heap:
 freed memory stays mapped and is reused. The engine's memory budget counts what its
 workers' live sessions hold (:func:`held_bytes`: resident memory less what malloc
-keeps free for reuse), so a later batch fills the budget again, built in what the
-earlier ones freed; counting the kept memory too would leave every batch after the
-first with the few sessions already in flight.
+keeps free for reuse), so sessions opened after others closed fill the budget again,
+built in what those freed; counting the kept memory too would leave the budget full
+for good once the first sessions had filled it.
 
 With every large block on the heap, numpy's habit of asking for transparent huge pages
 on its arrays (``madvise``, for arrays of 4 MiB or more) would turn the heap around

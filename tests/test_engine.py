@@ -918,6 +918,21 @@ def test_sessions_open_while_what_the_workers_hold_and_their_spool_files_fit_the
     assert 5 <= alone <= 5 + 3 and 3 <= spooled <= 3 + 3 and spooled < alone
 
 
+def test_a_session_that_closes_makes_room_for_the_next_while_the_others_run_on():
+    # 40 MiB sessions against 100 MiB: "slow" (its burst medians vary by 30%) needs
+    # many rounds, the quiet ones five. Those after the first fill open as the quiet
+    # ones close, between rounds, and are measured in rounds of "slow" rather than
+    # after it in a batch of their own.
+    MiB = 1 << 20
+    specs = {"slow": {"ns": 1e6, "cv": 0.01, "burst_cv": 0.3, "held": 40 * MiB}}
+    specs |= {f"q{i}": {"ns": 1e6, "cv": 0.001, "held": 40 * MiB} for i in range(8)}
+    results, _, summary = run_synthetic(specs, {}, memory_budget_mb=100, max_rounds=40, open_cores=())
+    assert summary.measured == 9 and summary.batches >= 2
+    slow = set(results["slow"].round_nos)
+    later = [i for i in specs if i != "slow" and min(results[i].round_nos) > min(slow) + 4]
+    assert later and all(set(results[i].round_nos) <= slow for i in later), (slow, later)
+
+
 def test_progress_reports_opening_then_rounds_with_an_eta_that_tracks_the_rounds_still_needed():
     # Four items whose spread needs many rounds to reach +/-2% together: the ETA (the rounds each group still needs, r (h / precision)^2 - r, times
     # each item's cost per round) predicts the time the rest of the run takes, and it

@@ -1051,7 +1051,8 @@ class _Engine:
         #: Rounds run so far: numbers each track's rounds.
         self.rounds_run = 0
         # For the progress estimate: sessions opened and the wall time that took, the
-        # tracks not yet sent to a worker, and the time a round costs beyond its workers' (planning, results, checkpoints).
+        # tracks not yet sent to a worker, and the time a round costs beyond its
+        # workers' (planning, results, checkpoints).
         self.opened = 0
         self.open_wall_s = 0.0
         self.unsent = 0

@@ -967,6 +967,36 @@ def test_progress_reports_opening_then_rounds_with_an_eta_that_tracks_the_rounds
         assert 0.5 * remaining <= p.eta_s <= 2.0 * remaining, (p.rounds, p.eta_s, remaining)
 
 
+def test_the_eta_of_sessions_not_yet_open_is_not_an_early_slow_item_s_round_limit_spread_over_all():
+    # One slow, noisy item (100 ms runs whose bursts vary by 30%: many rounds) opens
+    # first with a few quiet ones; two hundred quiet ones wait for memory. Early on,
+    # the slow item's expected rounds up to the limit must not be charged to each of
+    # them (that read 17 times the time left): a rough estimate, but within a few times.
+    MiB = 1 << 20
+    rng = np.random.default_rng(0)
+    walls: list[float] = []
+
+    class Timed(SyntheticWorker):
+        def reply(self, timeout_s, doing):
+            r = super().reply(timeout_s, doing)
+            if isinstance(r, tuple) and r[0] == "round":
+                walls.append(r[2])
+            return r
+
+    specs = {"slow": {"ns": 1e8, "cv": 0.01, "burst_cv": 0.3, "held": 10 * MiB}}
+    specs |= {f"q{i}": {"ns": 1e5, "cv": 0.01, "held": 10 * MiB} for i in range(200)}
+    reports = []
+    measure([EngineItem(i, s) for i, s in specs.items()], [],
+            RunnerConfig(memory_budget_mb=100, min_span_s=0.0, max_rounds=60, open_cores=()),
+            on_result=lambda it, r: None, on_progress=lambda p: reports.append((p, len(walls))),
+            worker_factory=lambda c, t: Timed(c, t, rng=rng))
+    early = [(p, n) for p, n in reports if p.phase == "measuring" and 2 <= p.rounds <= 4]
+    assert early
+    for p, n in early:
+        remaining = sum(walls[n:])
+        assert p.eta_s is not None and 0.25 * remaining <= p.eta_s <= 6.0 * remaining, (p.rounds, p.eta_s, remaining)
+
+
 def test_a_sessions_probe_offset_goes_no_further_than_its_own_readings():
     # The probe reads 1.3x slower beside long sessions than beside short ones, and the
     # offset curve sees it; a long session whose own readings sit at the run's typical

@@ -1483,10 +1483,12 @@ class _Engine:
             per_lane[t.lane] += n * per_round
         measuring = max(per_lane, default=0.0) + self.round_overhead_s * max(left.values(), default=0.0)
         # Sessions not opened yet (in flight, or waiting for memory) cost what a
-        # measured one has: its opening plus its rounds, done and expected.
+        # measured one has cost so far: its opening plus its rounds. Not the rounds it
+        # is expected to need still: early on that is an unconverged whole model's
+        # rounds up to the limit, spread over thousands of bricks to come (a 3-minute
+        # run of 36 models showed 16 minutes).
         per_session = self.open_wall_s / max(1, self.opened) + (
-            sum(t.sampling_s + left.get(t.item.id, 0.0) * t.sampling_s / len(t.round_nos) for t in measured)
-            / len(measured) / len(self.worker_configs))
+            sum(t.sampling_s for t in measured) / len(measured) / len(self.worker_configs))
         return measuring + (opening_left + self.unsent) * per_session
 
     def run(self) -> EngineSummary:

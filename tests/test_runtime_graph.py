@@ -65,6 +65,22 @@ def test_the_graph_is_optimised_with_the_runner_configs_session_options(conv_bn_
     assert "BatchNormalization" not in _ops(proto)  # basic folds it into the Conv
 
 
+def test_deriving_skips_weight_prepacking_and_saves_the_same_graph(conv_bn_relu, monkeypatch):
+    seen = []
+    real = rg.create_session
+
+    def spy(model, config=None, *, options=None):  # type: ignore[no-untyped-def]
+        seen.append(options)
+        return real(model, config, options=options)
+
+    monkeypatch.setattr(rg, "create_session", spy)
+    derived = rg.optimized_model(conv_bn_relu)
+    assert len(seen) >= 2  # the optimising session and the run that reads the types
+    assert all(so is not None and so.get_session_config_entry("session.disable_prepacking") == "1" for so in seen)
+    monkeypatch.setattr(rg, "_deriving_options", rg.session_options)
+    assert rg.optimized_model(conv_bn_relu).SerializeToString() == derived.SerializeToString()
+
+
 def test_level_overrides_the_config_and_disable_keeps_the_source_graph(conv_bn_relu):
     cfg = RunnerConfig(graph_optimization="all")
     assert _ops(rg.optimized_model(conv_bn_relu, config=cfg, level="disable")) == ["Conv", "BatchNormalization", "Relu"]

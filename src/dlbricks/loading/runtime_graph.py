@@ -121,8 +121,8 @@ def _deriving_options(cfg: RunnerConfig) -> onnxruntime.SessionOptions:
     built only to save the optimised graph and to read types off one run. Prepacking
     comes after graph optimisation (the saved graph is byte for byte the same), but it
     copies every MatMul and Conv weight into its packed form: without it, deriving
-    AST-audioset, BERT-base, Whisper-base, GPT-2 and ResNet-50 took 9.4-11.7 s against
-    13.7-18.4 s (two interleaved pairs, 2-vCPU VM)."""
+    the 36 models of ``bench/modern_corpus.py`` took 13.7-32.8 s (median 14.3) against
+    20.6-31.6 s (median 23.3), four interleaved pairs on a 2-vCPU VM."""
     so = session_options(cfg)
     so.add_session_config_entry("session.disable_prepacking", "1")
     return so

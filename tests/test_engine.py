@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlbricks.timing import RunnerConfig
-from dlbricks.timing.engine import EngineItem, Group, WorkerDied, measure, runs_per_burst, t_quantile
+from dlbricks.timing.engine import EngineItem, EngineProgress, Group, WorkerDied, measure, runs_per_burst, t_quantile
 from dlbricks.timing.runner import Failure, Measurement
 
 
@@ -128,6 +128,25 @@ def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), re
                                                     phase=phase),
     )
     return results, counts, summary
+
+
+def measure_with_progress(specs, groups, config, *, seed):
+    """Measure synthetic items, recording each progress report with the number of
+    rounds run by then, and each round's wall time (s): what an ETA is checked against."""
+    rng = np.random.default_rng(seed)
+    walls: list[float] = []
+    reports: list[tuple[EngineProgress, int]] = []
+
+    class Timed(SyntheticWorker):
+        def reply(self, timeout_s, doing):
+            r = super().reply(timeout_s, doing)
+            if isinstance(r, tuple) and r[0] == "round":
+                walls.append(r[2])
+            return r
+
+    measure([EngineItem(i, s) for i, s in specs.items()], groups, config, on_result=lambda it, r: None,
+            on_progress=lambda p: reports.append((p, len(walls))), worker_factory=lambda c, t: Timed(c, t, rng=rng))
+    return reports, walls
 
 
 def group_estimate(results, terms):
@@ -937,21 +956,9 @@ def test_progress_reports_opening_then_rounds_with_an_eta_that_tracks_the_rounds
     # Four items whose spread needs many rounds to reach +/-2% together: the ETA (the rounds each group still needs, r (h / precision)^2 - r, times
     # each item's cost per round) predicts the time the rest of the run takes, and it
     # is 0 when the run ends.
-    rng = np.random.default_rng(1)
-    walls: list[float] = []
-
-    class Timed(SyntheticWorker):
-        def reply(self, timeout_s, doing):
-            r = super().reply(timeout_s, doing)
-            if isinstance(r, tuple) and r[0] == "round":
-                walls.append(r[2])
-            return r
-
-    reports = []
     specs = {f"b{i}": {"ns": 2e6 * (1 + i), "cv": 0.3} for i in range(4)}
-    measure([EngineItem(i, s) for i, s in specs.items()], [Group("m", {i: 1.0 for i in specs})],
-            RunnerConfig(min_rounds=5, max_rounds=300, min_span_s=0.0), on_result=lambda it, r: None,
-            on_progress=lambda p: reports.append((p, len(walls))), worker_factory=lambda c, t: Timed(c, t, rng=rng))
+    reports, walls = measure_with_progress(specs, [Group("m", {i: 1.0 for i in specs})],
+                                           RunnerConfig(min_rounds=5, max_rounds=300, min_span_s=0.0), seed=1)
     phases = [p.phase for p, _ in reports]
     assert phases[0] == "opening" and phases[-1] == "measuring"
     assert all(p.eta_s is None for p, _ in reports if p.phase == "opening")  # no rounds seen: no guess
@@ -973,23 +980,10 @@ def test_the_eta_of_sessions_not_yet_open_is_not_an_early_slow_item_s_round_limi
     # the slow item's expected rounds up to the limit must not be charged to each of
     # them (that read 17 times the time left): a rough estimate, but within a few times.
     MiB = 1 << 20
-    rng = np.random.default_rng(0)
-    walls: list[float] = []
-
-    class Timed(SyntheticWorker):
-        def reply(self, timeout_s, doing):
-            r = super().reply(timeout_s, doing)
-            if isinstance(r, tuple) and r[0] == "round":
-                walls.append(r[2])
-            return r
-
     specs = {"slow": {"ns": 1e8, "cv": 0.01, "burst_cv": 0.3, "held": 10 * MiB}}
     specs |= {f"q{i}": {"ns": 1e5, "cv": 0.01, "held": 10 * MiB} for i in range(200)}
-    reports = []
-    measure([EngineItem(i, s) for i, s in specs.items()], [],
-            RunnerConfig(memory_budget_mb=100, min_span_s=0.0, max_rounds=60, open_cores=()),
-            on_result=lambda it, r: None, on_progress=lambda p: reports.append((p, len(walls))),
-            worker_factory=lambda c, t: Timed(c, t, rng=rng))
+    reports, walls = measure_with_progress(
+        specs, [], RunnerConfig(memory_budget_mb=100, min_span_s=0.0, max_rounds=60, open_cores=()), seed=0)
     early = [(p, n) for p, n in reports if p.phase == "measuring" and 2 <= p.rounds <= 4]
     assert early
     for p, n in early:

@@ -1,0 +1,122 @@
+"""How far the machine itself moves a model's normalized latency over minutes: the floor
+under ``bench/reproducibility.py`` on this host.
+
+In one process pinned to the timing CPU (the CLI's default, the last one), with the
+settings the measurement engine times with, it cycles for ``--seconds`` through a whole
+model (synthesised weights, as ``evaluate`` times it), each of its unique G=1 bricks
+(timed warm after two discarded runs, as the engine's default cache state times a brick
+whose weights fit the core's L2 cache) and the engine's speed probe (a MatMul that stays
+in the core's caches: the core's own speed). Per window of ``--window`` seconds it takes
+each one's median and reports the model's latency, its reconstruction (the bricks'
+medians times their occurrences), their ratio and the probe.
+
+Everything here is measured in the same windows, interleaved, so whatever moves the ratio
+between windows is a state of the machine that the bricks and the model meet differently,
+and which an ``evaluate`` run of a few seconds takes whole into its result: e.g. a
+neighbour's traffic in a shared last-level cache, which slows a model whose weights and
+activations live there, and not bricks whose data stays in the core's own caches. The
+ratio's spread between windows is then about what three ``evaluate`` runs can differ by.
+
+    python bench/host_drift.py [--model shufflenet|PATH] [--seconds 120] [--window 5] [--cpu N]
+
+Bricks are cut from the source graph (``evaluate`` cuts them from the runtime graph by
+default), so the ratio's level is not ``evaluate``'s; its movement is the point. Last line:
+one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from _evaluate import light_models
+
+import dlbricks
+from dlbricks.bricks import generate_brick, whole_model
+from dlbricks.corpus import Corpus
+from dlbricks.cpuset import usable_cpus
+from dlbricks.timing import RunnerConfig
+from dlbricks.timing.engine_worker import _probe_model
+from dlbricks.timing.fpenv import FloatEnv
+from dlbricks.timing.session import pin_process, prepare_session, timed_runs
+
+#: Timed runs per visit, after the discarded ones (two for a brick, one for the model).
+RUNS = 3
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    m = statistics.median(values)
+    return {"median": m, "relative_range": (max(values) - min(values)) / m,
+            "robust_cv": 1.4826 * statistics.median(abs(v / m - 1) for v in values)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="shufflenet", help="a light model's short name or an ONNX path")
+    ap.add_argument("--seconds", type=float, default=120.0)
+    ap.add_argument("--window", type=float, default=5.0)
+    ap.add_argument("--cpu", type=int, default=None, help="CPU to time on (default: the last usable one)")
+    args = ap.parse_args()
+
+    path = args.model if Path(args.model).exists() else light_models([args.model])[0]
+    cpu = args.cpu if args.cpu is not None else usable_cpus()[-1]
+    config = RunnerConfig(cores=(cpu,))
+    pin_process(config)
+    clock = time.thread_time_ns if config.measure_clock() == "thread" else time.perf_counter_ns
+    fenv = FloatEnv()
+
+    model = dlbricks.load(path)
+    split = Corpus([model]).split(1)
+    occurrences = split.occurrences()[0]
+
+    def open_session(proto) -> object:
+        return prepare_session(proto.SerializeToString(), config, fenv).bound
+
+    whole = open_session(whole_model(model)[0])
+    bricks = []
+    for u, digest in enumerate(split.unique_digests):
+        _, members = split.first_occurrence(u)
+        bricks.append(open_session(generate_brick(model, members, digest=bytes(digest), G=1)[0]))
+    probe = open_session(onnx.load_from_string(_probe_model()))
+    print(f"{model.name}: {len(bricks)} unique G=1 bricks, {model.n_layers} layers; timing on CPU {cpu} "
+          f"for {args.seconds:.0f} s in {args.window:.0f} s windows", flush=True)
+
+    windows = []
+    t_end = time.perf_counter() + args.seconds
+    while time.perf_counter() < t_end:
+        w_end = min(t_end, time.perf_counter() + args.window)
+        model_t: list[int] = []
+        probe_t: list[int] = []
+        brick_t: list[list[int]] = [[] for _ in bricks]
+        while time.perf_counter() < w_end:
+            whole.run()
+            timed_runs(whole, RUNS, out=model_t, clock=clock)
+            for b, out in zip(bricks, brick_t):
+                b.run()
+                b.run()
+                timed_runs(b, RUNS, out=out, clock=clock)
+            timed_runs(probe, RUNS, out=probe_t, clock=clock)
+        model_ms = statistics.median(model_t) / 1e6
+        bricks_ms = float(np.dot(occurrences, [statistics.median(t) for t in brick_t])) / 1e6
+        row = {"t_s": round(args.seconds - (t_end - time.perf_counter()), 1), "model_ms": model_ms,
+               "bricks_ms": bricks_ms, "ratio": bricks_ms / model_ms, "probe_us": statistics.median(probe_t) / 1e3}
+        windows.append(row)
+        print(f"{row['t_s']:6.1f} s  model {model_ms:8.3f} ms  bricks {bricks_ms:8.3f} ms  "
+              f"ratio {row['ratio']:.3f}  probe {row['probe_us']:7.1f} us", flush=True)
+
+    summary = {k: _spread([w[k] for w in windows]) for k in ("model_ms", "bricks_ms", "ratio", "probe_us")}
+    for k, v in summary.items():
+        print(f"{k}: median {v['median']:.4g}, range {v['relative_range']:.1%}, robust cv {v['robust_cv']:.1%}")
+    print(json.dumps({"model": model.name, "cpu": cpu, "bricks": len(bricks), "window_s": args.window,
+                      "seconds": args.seconds, "windows": windows, "summary": summary,
+                      "loadavg": os.getloadavg()[0]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 from _evaluate import light_models
 
 import dlbricks
@@ -86,16 +85,19 @@ def main() -> None:
     split = Corpus([model]).split(1)
     occurrences = split.occurrences()[0]
 
-    def open_session(proto) -> object:
-        return prepare_session(proto.SerializeToString(), config, fenv).bound
+    def open_session(built) -> object:
+        proto, info = built  # info.int_bounds: the ranges integer inputs must keep (indices)
+        return prepare_session(proto.SerializeToString(), config, fenv, int_bounds=dict(info.int_bounds) or None).bound
 
-    whole = open_session(whole_model(model)[0])
+    whole = open_session(whole_model(model))
     bricks = []
     for u, digest in enumerate(split.unique_digests):
         _, members = split.first_occurrence(u)
-        bricks.append(open_session(generate_brick(model, members, digest=bytes(digest), G=1)[0]))
-    probe = open_session(onnx.load_from_string(_probe_model()))
-    print(f"{model.name}: {len(bricks)} unique G=1 bricks, {model.n_layers} layers; timing on CPU {cpu} "
+        bricks.append(open_session(generate_brick(model, members, digest=bytes(digest), G=1)))
+    probe = prepare_session(_probe_model(), config, fenv).bound
+    # A model-zoo layout (NAME/model.onnx) is named by its folder, as the CLI names it.
+    name = Path(path).parent.name if Path(path).stem == "model" else model.name
+    print(f"{name}: {len(bricks)} unique G=1 bricks, {model.n_layers} layers; timing on CPU {cpu} "
           f"for {args.seconds:.0f} s in {args.window:.0f} s windows", flush=True)
 
     windows = []
@@ -129,7 +131,7 @@ def main() -> None:
     summary = {k: _spread([w[k] for w in windows]) for k in ("model_ms", "bricks_ms", "ratio", "probe_us")}
     for k, v in summary.items():
         print(f"{k}: median {v['median']:.4g}, range {v['relative_range']:.1%}, robust cv {v['robust_cv']:.1%}")
-    print(json.dumps({"model": model.name, "cpu": cpu, "brick_state": args.brick_state, "bricks": len(bricks), "window_s": args.window,
+    print(json.dumps({"model": name, "cpu": cpu, "brick_state": args.brick_state, "bricks": len(bricks), "window_s": args.window,
                       "seconds": args.seconds, "windows": windows, "summary": summary,
                       "loadavg": os.getloadavg()[0]}))
 

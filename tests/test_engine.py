@@ -151,7 +151,7 @@ def measure_with_progress(specs, groups, config, *, seed):
 
 def group_estimate(results, terms):
     point = sum(c * results[i].stats.median for i, c in terms.items())
-    se = math.sqrt(sum((c * results[i].median_se_ns) ** 2 for i, c in terms.items()))
+    se = math.sqrt(sum((c * results[i].sum_se_ns) ** 2 for i, c in terms.items()))
     return point, se
 
 
@@ -251,6 +251,31 @@ def test_bricks_that_slow_down_together_widen_their_models_interval():
         covered += abs(point - truth) <= 1.96 * se
         total += 1
     assert covered / total >= 0.75
+
+
+def test_common_movement_widens_a_bricks_term_in_the_sum_and_not_its_own_interval():
+    # As above: what the bricks of a round share widens each one's term in the model's
+    # sum; each brick's own interval is its own rounds' spread, which already holds the
+    # shared speed, and still covers that brick's truth.
+    specs = {f"b{i}": {"ns": 1e5 * (1 + i % 5), "cv": 0.01} for i in range(20)}
+    terms = {i: 1.0 for i in specs}
+    covered = total = widened = 0
+    for seed in range(6):
+        speeds = np.exp(np.random.default_rng(200 + seed).normal(0.0, 0.08, size=200))
+        results, _, _ = run_synthetic(specs, {"m": terms}, seed=seed, precision=0.02,
+                                      speed=lambda r, s=speeds: float(s[r]))
+        for i, r in results.items():
+            t = t_quantile(r.rounds - 1)
+            assert r.stats.ci_high == pytest.approx(r.stats.median + t * r.median_se_ns)
+            assert r.sum_se_ns == pytest.approx(r.median_se_ns * r.common_se_factor)
+            assert r.common_se_factor >= 1.0
+            widened += r.common_se_factor > 1.5
+            covered += abs(r.stats.median - specs[i]["ns"]) <= t * r.median_se_ns
+            total += 1
+        back = Measurement.from_dict(results["b0"].to_dict())
+        assert back.common_se_factor == results["b0"].common_se_factor
+    assert widened >= total // 2
+    assert covered / total >= 0.85
 
 
 def test_a_speed_change_mid_run_leaves_normalized_latency_unchanged():

@@ -34,7 +34,8 @@ def _config(argv: list[str] = CLI):
 
 
 def engine_result(median_ns: float, se_ns: float, *, rounds: int = 10, stop: str = "converged",
-                  round_medians: list[float] | None = None, engine_run: str = "") -> Measurement:
+                  round_medians: list[float] | None = None, engine_run: str = "",
+                  common_se_factor: float = 1.0) -> Measurement:
     """A result as the engine stores it: round medians around ``median_ns`` whose spread
     gives ``se_ns``; the interval the engine's t rule gives. With ``round_medians``,
     those, numbered 1, 2, ... in the engine run ``engine_run``."""
@@ -51,18 +52,18 @@ def engine_result(median_ns: float, se_ns: float, *, rounds: int = 10, stop: str
         times_ns=times, stats=stats, config=_config(), warmup_iters=1, stop_reason=stop, setup_time_s=0.01,
         wall_time_s=0.2, denormal_input_fraction=0.0, denormal_output_fraction=0.0, denormal_fraction=0.0,
         denormals_as_zero=True, denormals_flushed=True, ort_version="test", rounds=rounds,
-        round_medians_ns=round_medians or [median_ns] * rounds, median_se_ns=se_ns,
+        round_medians_ns=round_medians or [median_ns] * rounds, median_se_ns=se_ns, common_se_factor=common_se_factor,
         round_nos=list(range(1, len(round_medians) + 1)) if round_medians else [], engine_run=engine_run,
     )
 
 
 def fill(store: Store, models: list, G: int, *, median_of: dict[str, float], se_rel: float = 0.001,
          wide: dict[str, float] | None = None, stopped: set[str] = frozenset(), e2e: dict[str, float] | None = None,
-         e2e_se_rel: float = 0.001) -> dict[str, str]:
+         e2e_se_rel: float = 0.001, common_se_factor: float = 1.0) -> dict[str, str]:
     """Store a result for every unique brick at ``G`` (median: the sum of its layers' op
     medians) and, with ``e2e``, each model end to end; ``wide`` gives some op types a
-    larger relative standard error, ``stopped`` makes their results stop at max rounds.
-    Returns op types joined by "+" -> digest."""
+    larger relative standard error, ``stopped`` makes their results stop at max rounds;
+    ``common_se_factor`` is every brick result's. Returns op types joined by "+" -> digest."""
     from dlbricks.bricks import model_digest
 
     config = _config()
@@ -79,7 +80,8 @@ def fill(store: Store, models: list, G: int, *, median_of: dict[str, float], se_
         stop = "max_rounds" if set(ops) & set(stopped) else "converged"
         d = bytes(sp.unique_digests[u]).hex()
         store.put_brick(d, brick_digest_version(), g=G, op_types=ops, meta={"source_model": models[m].name})
-        store.put_result("brick", d, brick_digest_version(), sid, config, engine_result(med, rel * med, stop=stop))
+        store.put_result("brick", d, brick_digest_version(), sid, config, engine_result(med, rel * med, stop=stop,
+                                                                                       common_se_factor=common_se_factor))
         out["+".join(ops)] = d
     for model in models if e2e else ():
         d = model_digest(model)
@@ -352,6 +354,27 @@ def test_open_cores_default_to_the_engines_choice_unless_timing_cores_are_named(
         _config(["--open-cores", "x"])
     with pytest.raises(UsageError, match="--open-cores '4096'"):
         _config(["--open-cores", "4096"])
+
+
+def test_a_brick_results_common_se_factor_widens_its_models_interval_and_not_its_own(tmp_path):
+    from dlbricks.quality import assess
+    from dlbricks.reconstruct import predict
+
+    model = load(chain_model(4), name="chain")
+    widths, halves, own = [], [], []
+    for factor in (1.0, 3.0):
+        with Store(tmp_path / f"s{factor}.sqlite") as st:
+            fill(st, [model], 1, median_of=MEDIANS, se_rel=0.01, common_se_factor=factor)
+            kw = dict(store=st, system_id=fingerprint_id(system_fingerprint()), config_key=_config().key())
+            (p,), = predict([model], 1, modes=("sequential",), n_boot=4000, **kw)
+            widths.append(p.ci_high_s - p.ci_low_s)
+            halves.append(assess([model], [1], precision=0.02, **kw).models[0].rel_halfwidth)
+            rows = [row for _, row in st.rows(kind="brick")]
+            own.append([row["ci_high_ns"] - row["median_ns"] for row in rows])
+            assert all(row["common_se_factor"] == factor for row in rows)
+    assert widths[1] / widths[0] == pytest.approx(3.0, rel=0.15)
+    assert halves[1] / halves[0] == pytest.approx(3.0, rel=0.05)
+    assert own[0] == own[1]  # each brick's interval is its own
 
 
 def test_the_call_overheads_error_widens_a_models_interval_once_per_brick_less_one(tmp_path):

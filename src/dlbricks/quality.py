@@ -50,9 +50,11 @@ NAMED_MAX = 10
 
 
 def result_se_ns(rec: ResultRecord) -> tuple[float, float]:
-    """A stored result's standard error (ns) and its degrees of freedom.
+    """A stored result's standard error (ns) as a term of a model's sum, and its
+    degrees of freedom.
 
-    Results of the measurement engine carry both (the spread between rounds); older
+    Results of the measurement engine carry both (the spread between rounds, grown by
+    their ``common_se_factor``: what moved them with the bricks beside them); older
     single-run results get the larger of their distribution-free interval's half-width
     over 1.96 and their drift converted to a standard error, with infinite degrees of
     freedom.
@@ -60,7 +62,7 @@ def result_se_ns(rec: ResultRecord) -> tuple[float, float]:
     meta = rec.meta or {}
     stats = rec.stats or {}
     rounds = int(meta.get("rounds", 0) or 0)
-    se = float(meta.get("median_se_ns", 0.0) or 0.0)
+    se = float(meta.get("median_se_ns", 0.0) or 0.0) * float(meta.get("common_se_factor", 1.0) or 1.0)
     if rounds >= 2 and se > 0:
         return se, float(rounds - 1)
     median = float(stats.get("median", 0.0) or 0.0)

@@ -83,13 +83,15 @@ def result_replicates(rec: ResultRecord, n_boot: int, rng: np.random.Generator) 
 
     Results of the measurement engine carry the standard error of their estimate from
     the spread between rounds (drift included): replicates are the estimate plus that
-    error times Student-t draws with (rounds - 1) degrees of freedom, the sampling
-    distribution of a mean of few rounds. Older results, one contiguous run each, are
+    error (grown by what moved it together with the bricks measured beside it:
+    ``Measurement.common_se_factor``) times Student-t draws with (rounds - 1) degrees
+    of freedom, the sampling distribution of a mean of few rounds. Older results, one
+    contiguous run each, are
     bootstrapped from their iteration times (:func:`bootstrap_medians`).
     """
     meta = rec.meta or {}
     rounds = int(meta.get("rounds", 0))
-    se = float(meta.get("median_se_ns", 0.0))
+    se = float(meta.get("median_se_ns", 0.0)) * float(meta.get("common_se_factor", 1.0))
     if rounds >= 2 and se > 0:
         # A latency is never negative; the t tail can be, for an estimate of few rounds.
         return np.maximum(float(rec.median_ns or 0.0) + se * rng.standard_t(rounds - 1, size=n_boot), 0.0)

@@ -163,6 +163,7 @@ _FLAT_COLUMNS = (
     "drift",
     "rounds",
     "median_se_ns",
+    "common_se_factor",
     "stop_reason",
     "converged",
     "system_id",
@@ -280,6 +281,7 @@ class ResultRecord:
             "drift": s.get("drift"),
             "rounds": rounds,
             "median_se_ns": meta.get("median_se_ns"),
+            "common_se_factor": meta.get("common_se_factor"),
             "stop_reason": meta.get("stop_reason"),
             # Only the measurement engine has a stopping rule to judge by (rounds > 0).
             "converged": (meta.get("stop_reason") == "converged") if rounds else None,

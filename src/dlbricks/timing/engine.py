@@ -848,13 +848,16 @@ def _allocation(
 
 def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_factor: float = 1.0,
                  engine_run: str = "") -> Measurement:
-    """The item's result; its standard error (and interval) grown by ``se_factor``, so
-    that a reconstruction summing its bricks' errors as independent still carries what
-    moved them together (see :func:`_common_round_var`)."""
+    """The item's result, with its own standard error and interval; ``se_factor`` is
+    what a reconstruction summing its bricks' errors as independent must grow this one
+    by to carry what moved them together (see :func:`_common_round_var`). Grown in the
+    result's own interval it misleads: on one demo run on a busy shared host, a tenth of
+    the bricks had factors above 7, intervals read +/-200% and wider where the bricks'
+    own rounds gave at most +/-80%."""
     times = np.asarray(track.times, dtype=np.int64)
     stats = summarize(times)
     meds = np.asarray(track.adjusted(), dtype=np.float64)
-    se = track.se() * se_factor
+    se = track.se()
     r = len(meds)
     t = t_quantile(max(1, r - 1))
     median = track.median
@@ -903,6 +906,7 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_facto
         speed_slope=track.slope(),
         speed_ref_ns=track.reference(track.slope()),
         median_se_ns=se,
+        common_se_factor=se_factor,
         round_nos=list(track.round_nos),
         engine_run=engine_run,
     )

@@ -78,6 +78,12 @@ class Measurement:
             time (``dlbricks.timing.engine._Speed``).
         median_se_ns: the standard error of the median estimate from that spread;
             ``stats.ci_low``/``ci_high`` are the matching t-interval.
+        common_se_factor: how much ``median_se_ns`` grows where this result is summed
+            with the others measured beside it as if their errors were independent (a
+            model's reconstruction): the bricks of a round meet the same state of the
+            machine and move together (``dlbricks.timing.engine._common_round_var``).
+            A property of the result among its group, not of the result alone, so it
+            widens :attr:`sum_se_ns` and not the result's own interval. 1: none.
         round_nos: the engine's number of each round of this engine run that the
             result was measured in, for the last ``len(round_nos)`` of
             ``round_medians_ns`` (rounds resumed from a checkpoint of an earlier run
@@ -109,6 +115,7 @@ class Measurement:
     speed_slope: float = 0.0
     speed_ref_ns: float = 0.0
     median_se_ns: float = 0.0
+    common_se_factor: float = 1.0
     round_nos: list[int] = field(default_factory=list)
     engine_run: str = ""
     timer_resolution_ns: float = field(default_factory=lambda: time.get_clock_info("perf_counter").resolution * 1e9)
@@ -116,6 +123,12 @@ class Measurement:
     @property
     def median_ns(self) -> float:
         return self.stats.median
+
+    @property
+    def sum_se_ns(self) -> float:
+        """The standard error this result contributes to a sum of results (a model's
+        reconstruction) whose errors are added as independent."""
+        return self.median_se_ns * self.common_se_factor
 
     @property
     def warnings(self) -> list[str]:
@@ -167,6 +180,7 @@ class Measurement:
             "speed_slope": self.speed_slope,
             "speed_ref_ns": self.speed_ref_ns,
             "median_se_ns": self.median_se_ns,
+            "common_se_factor": self.common_se_factor,
             "round_nos": list(self.round_nos),
             "engine_run": self.engine_run,
             "warnings": self.warnings,
@@ -210,6 +224,7 @@ class Measurement:
             speed_slope=float(d.get("speed_slope", 0.0)),
             speed_ref_ns=float(d.get("speed_ref_ns", 0.0)),
             median_se_ns=float(d.get("median_se_ns", 0.0)),
+            common_se_factor=float(d.get("common_se_factor", 1.0)),
             round_nos=[int(x) for x in d.get("round_nos", ())],
             engine_run=str(d.get("engine_run", "")),
         )

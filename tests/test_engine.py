@@ -130,9 +130,10 @@ def run_synthetic(specs, groups, *, seed=0, speed=lambda r: 1.0, crash_on=(), re
     return results, counts, summary
 
 
-def measure_with_progress(specs, groups, config, *, seed):
+def measure_with_progress(specs, groups, config, *, seed, kinds=None):
     """Measure synthetic items, recording each progress report with the number of
-    rounds run by then, and each round's wall time (s): what an ETA is checked against."""
+    rounds run by then, and each round's wall time (s): what an ETA is checked against.
+    ``kinds``: item id -> ``EngineItem.kind``."""
     rng = np.random.default_rng(seed)
     walls: list[float] = []
     reports: list[tuple[EngineProgress, int]] = []
@@ -144,7 +145,8 @@ def measure_with_progress(specs, groups, config, *, seed):
                 walls.append(r[2])
             return r
 
-    measure([EngineItem(i, s) for i, s in specs.items()], groups, config, on_result=lambda it, r: None,
+    measure([EngineItem(i, s, kind=(kinds or {}).get(i, "")) for i, s in specs.items()], groups, config,
+            on_result=lambda it, r: None,
             on_progress=lambda p: reports.append((p, len(walls))), worker_factory=lambda c, t: Timed(c, t, rng=rng))
     return reports, walls
 
@@ -1014,6 +1016,41 @@ def test_the_eta_of_sessions_not_yet_open_is_not_an_early_slow_item_s_round_limi
     for p, n in early:
         remaining = sum(walls[n:])
         assert p.eta_s is not None and 0.25 * remaining <= p.eta_s <= 6.0 * remaining, (p.rounds, p.eta_s, remaining)
+
+
+def test_sessions_not_yet_open_are_priced_at_what_opened_ones_of_their_kind_cost():
+    # Model by model: three whole models (20 ms runs) open first with a few bricks
+    # (0.1 ms), and 300 bricks wait for memory. Priced at the average opened session,
+    # the waiting bricks would look like a fraction of a model each; priced as bricks,
+    # the early estimate stays within a few times the time left.
+    MiB = 1 << 20
+    specs = {f"m{i}": {"ns": 2e7, "cv": 0.02, "held": 30 * MiB} for i in range(3)}
+    specs |= {f"b{i}": {"ns": 1e5, "cv": 0.02, "held": 1 * MiB} for i in range(300)}
+    kinds = {i: "model" if i.startswith("m") else "brick" for i in specs}
+    config = RunnerConfig(memory_budget_mb=100, min_span_s=0.0, open_cores=())
+
+    def early_ratios(kinds):
+        reports, walls = measure_with_progress(specs, [], config, seed=0, kinds=kinds)
+        early = [(p, n) for p, n in reports if p.phase == "measuring" and 2 <= p.rounds <= 4]
+        assert early
+        return [p.eta_s / sum(walls[n:]) for p, n in early]
+
+    by_kind = early_ratios(kinds)
+    assert all(1 / 3 <= r <= 3.0 for r in by_kind), by_kind
+    assert max(early_ratios(None)) > 2 * max(by_kind)  # one price for all: far off
+
+
+def test_rounds_to_precision_extrapolates_the_normal_half_width_and_lets_the_quantile_fall():
+    from dlbricks.timing.engine import _rounds_to_precision
+
+    # Many rounds: t is normal, so the interval narrows as one over the square root.
+    assert _rounds_to_precision(200, 0.04, 0.02, 1000.0) == pytest.approx(800.0, rel=0.01)
+    # Two rounds at twice the precision (normal quantile): a few more rounds, not the
+    # t = 12.7 of one degree of freedom squared into the hundreds.
+    n = _rounds_to_precision(2, 0.04, 0.02, 1000.0)
+    assert 8.0 < n < 20.0
+    assert _rounds_to_precision(2, 0.4, 0.02, 60.0) == 60.0  # the round limit bounds it
+    assert _rounds_to_precision(10, 0.01, 0.02, 60.0) < 10.0  # already there
 
 
 def test_a_sessions_probe_offset_goes_no_further_than_its_own_readings():

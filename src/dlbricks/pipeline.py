@@ -354,7 +354,7 @@ def _engine_item(w: WorkItem, brick_dirs: Sequence[str | Path], seed: int, pool:
     # Whole models are not engine references (measured over every round of their
     # bricks): that did not make their estimates reproduce any better between runs,
     # and it keeps the largest sessions running for as long as the slowest bricks.
-    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label)
+    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label, kind=w.kind)
 
 
 def precision_groups(models: Sequence[ModelLike], Gs: Sequence[int], todo: Sequence[WorkItem]) -> list[Group]:

@@ -164,7 +164,7 @@ class TimingAgent:
         with WeightPool(self.workdir / "weights", seed=self.seed) as pool:
             engine_items = [
                 EngineItem(f"{it['kind']}:{it['digest']}", self._source(it, pool), seed=self.seed,
-                           warm=it["kind"] == "model", label=f"{it['kind']} {it['digest'][:12]}")
+                           warm=it["kind"] == "model", label=f"{it['kind']} {it['digest'][:12]}", kind=it["kind"])
                 for it in items
             ]
             try:

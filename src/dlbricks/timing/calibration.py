@@ -60,7 +60,7 @@ def probe_items(seed: int = 0) -> list[EngineItem]:
     # References: a probe measured only in its first few rounds would calibrate the
     # machine of those rounds, not of the bricks' rounds.
     return [EngineItem(f"probe:{n}:{k}", probe_model(n), seed=seed, label=f"call-overhead probe ({n} nodes)",
-                       reference=True)
+                       reference=True, kind="probe")
             for n in PROBE_LENGTHS for k in range(PROBE_SESSIONS)]
 
 

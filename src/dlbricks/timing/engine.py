@@ -72,6 +72,12 @@ _PRIOR_CV = 0.05
 #: A round is allowed this many times its expected duration, plus the per-job timeout.
 _ROUND_SLACK = 20.0
 _LEVEL = 0.95
+#: Final items needed before the rounds they took stand for those of items with no
+#: spread yet, in the progress estimate.
+_MIN_TYPICAL = 10
+#: Before that, such an item is taken to need this many times ``min_rounds`` (36
+#: modern architectures at G=1,3: bricks took 5-10 rounds, whole models a median of 8).
+_PRIOR_ROUNDS = 2
 #: Open requests in flight per worker: enough to overlap generation here with session
 #: building there, few enough that a crash re-sends little.
 _OPEN_AHEAD = 3
@@ -117,6 +123,9 @@ class EngineItem:
             states of the machine, as what it is compared with (whole models against
             their bricks, the call-overhead probes against every brick). Its cost
             (``sampling_time_s``) counts only the rounds it needed for its precision.
+        kind: what sort of session it is (``"brick"``, ``"model"``): the progress
+            estimate prices a session not opened yet at what opened ones of its kind
+            cost (a whole model costs a hundred bricks).
     """
 
     id: str
@@ -128,6 +137,7 @@ class EngineItem:
     label: str = ""
     resume: Mapping[str, Any] | None = None
     reference: bool = False
+    kind: str = ""
 
 
 @dataclass
@@ -151,8 +161,9 @@ class EngineProgress:
         eta_s: the seconds still to go: each open session's cost per round times the
             rounds its models' precision still needs (its interval narrows as one over
             the square root of its rounds), plus the sessions not yet opened at the
-            cost per session seen so far; None while the first sessions are
-            opened (nothing is known yet of the rounds their precision will need).
+            cost so far of the opened sessions of their kind (``EngineItem.kind``);
+            None while the first sessions are opened (nothing is known yet of the
+            rounds their precision will need).
     """
 
     final: int
@@ -705,8 +716,10 @@ def _persistence(values: Sequence[float]) -> float:
 
 def _group_state(
     g: Group, tracks: Mapping[str, _Track], precision: float
-) -> tuple[bool, float, float]:
-    """(converged, relative half-width of the 95% interval, the group's latency in ns).
+) -> tuple[bool, float, float, float]:
+    """(converged, relative half-width of the 95% interval, the group's latency in ns,
+    that half-width at the normal quantile: what it narrows to as rounds add degrees of
+    freedom, and what the progress estimate extrapolates from).
 
     Convergence is judged on the items' separate variances: their common movement is
     the machine's, and more rounds of every brick would buy little against it (a
@@ -715,10 +728,10 @@ def _group_state(
     requested precision because of it."""
     mu, var, welch = _group_sums(g, tracks)
     if mu <= 0:
-        return True, 0.0, 0.0
+        return True, 0.0, 0.0, 0.0
     df = var * var / welch if welch > 0 else math.inf
     half = t_quantile(df) * math.sqrt(var) / mu
-    return half <= precision, half, mu
+    return half <= precision, half, mu, t_quantile(math.inf) * math.sqrt(var) / mu
 
 
 def _widening(g: Group, tracks: Mapping[str, _Track]) -> float:
@@ -800,6 +813,20 @@ def _common_round_var(g: Group, tracks: Mapping[str, _Track], mu: float) -> floa
         return 0.0
     covariance = together - separate
     return covariance * _persistence(list(total)) ** 2 * mu * mu / n
+
+
+def _rounds_to_precision(r: int, half_z: float, precision: float, limit: float) -> float:
+    """Rounds in all at which a group reaches ``precision``, from its half-width at the
+    normal quantile ``half_z`` after ``r`` rounds: the half-width narrows as one over
+    the square root of the rounds, and its quantile falls from Student's t towards the
+    normal one as they add degrees of freedom (taken as rounds - 1). Extrapolating the
+    t half-width of 2 rounds instead (t = 12.7) made every new brick look like it needed
+    the round limit."""
+    z = t_quantile(math.inf)
+    n = float(r)
+    for _ in range(3):  # a fixed point from above, close within a round after three
+        n = min(r * (half_z * t_quantile(max(n - 1.0, 1.0)) / z / precision) ** 2, limit)
+    return n
 
 
 def runs_per_burst(between: float, within: float, run_s: float, fixed_s: float) -> float:
@@ -1054,16 +1081,14 @@ class _Engine:
         self.done = 0
         #: Rounds run so far: numbers each track's rounds.
         self.rounds_run = 0
-        # For the progress estimate: sessions opened and the wall time that took, the
-        # tracks not yet sent to a worker, and the time a round costs beyond its
-        # workers' (planning, results, checkpoints).
+        # For the progress estimate: sessions opened and the wall time that took, and
+        # the time a round costs beyond its workers' (planning, results, checkpoints).
         self.opened = 0
         self.open_wall_s = 0.0
-        self.unsent = 0
         self.round_overhead_s = 0.0
         #: The latest round's wall time (s): the pace that spanning min_span_s goes at.
         self.last_round_s = 0.0
-        self.group_states: dict[int, tuple[bool, float, float]] = {}
+        self.group_states: dict[int, tuple[bool, float, float, float]] = {}
         self.last_report = 0.0
         #: Tells this run's round numbers from another run's in the results.
         self.run_id = secrets.token_hex(8)
@@ -1417,15 +1442,14 @@ class _Engine:
             return  # thousands of sessions open in seconds: a few reports are enough
         self.last_report = now
         self.on_progress(EngineProgress(self.done, len(self.tracks), self.opened, self.summary.rounds, phase,
-                                        self.eta_s(opening_left)))
+                                        self.eta_s()))
 
     def rounds_left(self) -> dict[str, float]:
         """Rounds each open item is expected to run still: the most any of its groups
-        needs (a group's interval narrows as one over the square root of its rounds,
-        so ``r (h / precision)^2`` rounds in all reach the precision from half-width
-        ``h`` after ``r``), at least up to ``min_rounds``, at most up to
-        ``max_rounds`` (each item's own rounds); a reference runs as long as the
-        other items."""
+        needs (:func:`_rounds_to_precision`; a group with no spread yet, what this
+        run's final items took, :meth:`typical_rounds`), at least up to ``min_rounds``
+        and ``min_span_s``, at most up to ``max_rounds`` (each item's own rounds); a
+        reference runs as long as the other items."""
         cfg = self.config
 
         def cap(t: _Track) -> float:
@@ -1434,19 +1458,22 @@ class _Engine:
         def floor(t: _Track) -> float:
             return float(max(0, cfg.min_rounds - len(t.round_medians)))
 
+        typical = self.typical_rounds()
         group_left: dict[int, float] = {}
         for g in self.groups:
             live = [self.tracks[i] for i in g.terms if self.tracks[i].open]
             state = self.group_states.get(id(g))
             if not live or state is None:
                 continue
-            converged, half, _ = state
+            converged, _, _, half_z = state
             r = max(len(t.round_medians) for t in live)
             need = 0.0
             if not converged:
-                # No spread seen yet: as many as any of them may still run.
-                need = r * (half / cfg.precision) ** 2 - r if r and math.isfinite(half) else max(map(cap, live))
-            group_left[id(g)] = float(math.ceil(need))
+                if r >= 2 and math.isfinite(half_z):
+                    need = _rounds_to_precision(r, half_z, cfg.precision, float(cfg.max_rounds)) - r
+                else:  # no spread seen yet: what this run's final items took
+                    need = (typical if typical is not None else _PRIOR_ROUNDS * cfg.min_rounds) - r
+            group_left[id(g)] = float(math.ceil(max(need, 0.0)))
         # Rounds still needed to span ``min_span_s``, at the latest round's pace.
         now = time.perf_counter()
         pace = max(self.last_round_s, 1e-6)
@@ -1465,9 +1492,14 @@ class _Engine:
                 left[i] = max(v, longest)
         return left
 
-    def eta_s(self, opening_left: int = 0) -> float | None:
-        """Seconds still to go (see :class:`EngineProgress`); ``opening_left``: sessions
-        sent or queued but not open yet."""
+    def typical_rounds(self) -> float | None:
+        """The median rounds this run's measured final items took; None with fewer
+        than ``_MIN_TYPICAL`` of them."""
+        done = [len(t.round_medians) for t in self.tracks.values() if t.final and t.round_medians]
+        return float(statistics.median(done)) if len(done) >= _MIN_TYPICAL else None
+
+    def eta_s(self) -> float | None:
+        """Seconds still to go (see :class:`EngineProgress`)."""
         measured = [t for t in self.tracks.values() if t.round_nos]
         if not measured:
             # Before the first round nothing says how many rounds the precision needs,
@@ -1486,14 +1518,40 @@ class _Engine:
                          else run_ratio * max(t.median * 1e-9, 1e-7))
             per_lane[t.lane] += n * per_round
         measuring = max(per_lane, default=0.0) + self.round_overhead_s * max(left.values(), default=0.0)
-        # Sessions not opened yet (in flight, or waiting for memory) cost what a
-        # measured one has cost so far: its opening plus its rounds. Not the rounds it
-        # is expected to need still: early on that is an unconverged whole model's
-        # rounds up to the limit, spread over thousands of bricks to come (a 3-minute
-        # run of 36 models showed 16 minutes).
-        per_session = self.open_wall_s / max(1, self.opened) + (
-            sum(t.sampling_s for t in measured) / len(measured) / len(self.worker_configs))
-        return measuring + (opening_left + self.unsent) * per_session
+        waiting = [t for t in self.tracks.values() if not t.open and not t.final]
+        return measuring + sum(self.unopened_cost_s(waiting).values())
+
+    def unopened_cost_s(self, waiting: Sequence[_Track]) -> dict[str, float]:
+        """What the sessions not opened yet (in flight, or waiting for memory) will
+        cost, by kind: each what an opened one of its kind has cost so far, its
+        opening plus its rounds; of any kind where none of its own is open yet. Not
+        the rounds an open one is expected to need still: early on that is an
+        unconverged slow item's rounds up to the limit, which most sessions to come
+        will not run (charged to each of them it read 17 times the time left).
+
+        By kind because the plan goes model by model, so the first sessions opened are
+        few and mostly whole models: priced at their average, the 1,900 bricks still
+        to open made a 2.5-minute run of 36 models read 9 minutes."""
+        if not waiting:
+            return {}
+        started = [t for t in self.tracks.values() if t.round_nos or t.final]
+        # Opening costs scaled to the opening's real wall-clock (pipelining, waits).
+        own = sum(t.setup_s + t.item.prep_s for t in started)
+        scale = self.open_wall_s / own if own > 0 else 0.0
+        lanes = len(self.worker_configs)
+
+        def cost(t: _Track) -> float:
+            return scale * (t.setup_s + t.item.prep_s) + t.sampling_s / lanes
+
+        overall = statistics.fmean(cost(t) for t in started) if started else self.open_wall_s / max(1, self.opened)
+        by_kind: dict[str, list[float]] = {}
+        for t in started:
+            by_kind.setdefault(t.item.kind, []).append(cost(t))
+        out: dict[str, float] = {}
+        for t in waiting:
+            costs = by_kind.get(t.item.kind)
+            out[t.item.kind] = out.get(t.item.kind, 0.0) + (statistics.fmean(costs) if costs else overall)
+        return out
 
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()
@@ -1512,9 +1570,7 @@ class _Engine:
                 # next ones rather than in a batch of its own.
                 if pending and not full():
                     self.summary.batches += 1
-                    self.unsent = 0
                     pending = self.open_many(pending, stop=full)
-                    self.unsent = len(pending)
                 if not any(t.open for t in self.tracks.values()):
                     if pending:
                         continue

@@ -104,7 +104,72 @@ def test_evaluate_counts_the_calibrated_cost_once_per_model(tmp_path):
         plain = without["models"][0]["per_g"]["1"]["sequential"]["latency_s"]
         corrected = with_c["models"][0]["per_g"]["1"]["sequential"]["latency_s"]
         assert plain == pytest.approx(sum(medians) * 1e-9)
-        assert corrected == pytest.approx((sum(max(m - c, 0) for m in medians) + c) * 1e-9)
+        # Each brick less the cost in its own rounds (the probes ran in every round of
+        # the same engine run), the model's one call at the whole run's.
+        cal = calibration.call_overhead(st, with_c["system_id"], with_c["config_key"])
+        assert cal is not None and cal.rounds is not None and len(cal.rounds["round_nos"]) >= 3
+        metas = [st.get_result("brick", b["digest"], brick_digest_version(), with_c["system_id"],
+                               with_c["config_key"]).meta for b in with_c["bricks"]]
+        paid = [cal.in_rounds(m["engine_run"], m["round_nos"]) for m in metas]
+        assert all(p > 0 for p in paid)
+        assert corrected == pytest.approx((sum(max(m - p, 0) for m, p in zip(medians, paid)) + c) * 1e-9)
+
+
+def _rounds_m(medians: list[float], run: str = "run", first: int = 1) -> Measurement:
+    """A probe result of the measurement engine: these round medians, numbered from ``first``."""
+    m = _m(float(np.median(medians)))
+    m.rounds, m.round_medians_ns, m.engine_run = len(medians), list(medians), run
+    m.round_nos = list(range(first, first + len(medians)))
+    return m
+
+
+def test_the_calibration_keeps_the_cost_of_each_round():
+    # Three sessions per length; rounds 1-4 quiet, 5-8 a slow stretch (every call 1.5x).
+    quiet, slow = [3000.0] * 4, [4500.0] * 4
+    long_quiet, long_slow = [5000.0] * 4, [7500.0] * 4
+    results = {f"probe:1:{k}": _rounds_m(quiet + slow) for k in range(3)}
+    results |= {f"probe:9:{k}": _rounds_m(long_quiet + long_slow) for k in range(3)}
+    results["probe:1:1"] = _rounds_m([9000.0] * 8)  # one session in a state of its own: the median ignores it
+    series = calibration.per_round(results)
+    assert series["engine_run"] == "run" and series["round_nos"] == list(range(1, 9))
+    assert series["ns"] == pytest.approx([3000 - 2000 / 8] * 4 + [4500 - 3000 / 8] * 4)
+    # Probes of two engine runs, or without round numbers, give no series.
+    assert calibration.per_round({**results, "probe:9:0": _rounds_m(long_quiet, run="other")}) is None
+    assert calibration.per_round({"probe:1:0": _m(3000), "probe:9:0": _m(5000)}) is None
+
+
+def test_a_result_is_corrected_by_the_cost_in_its_own_rounds():
+    cal = calibration.CallOverhead(3000.0, 20.0, {"engine_run": "run", "round_nos": [1, 2, 3, 4, 5, 6],
+                                                  "ns": [2500.0, 2500.0, 2500.0, 4000.0, 4000.0, 4000.0]})
+    assert cal.in_rounds("run", [4, 5, 6]) == 4000.0
+    assert cal.in_rounds("run", [1, 2, 3, 4]) == 2500.0  # the median of the shared rounds
+    assert cal.in_rounds("run", [5, 6]) == 3000.0  # too few shared rounds: the whole estimate
+    assert cal.in_rounds("another run", [1, 2, 3]) == 3000.0
+    assert calibration.CallOverhead(3000.0, 20.0).in_rounds("run", [1, 2, 3]) == 3000.0
+
+
+def test_bricks_measured_in_a_slow_stretch_lose_that_stretchs_call_cost(tmp_path):
+    from test_outputs import MEDIANS, _config, fill
+    from test_pipeline import chain_model
+
+    from dlbricks.loading import load
+    from dlbricks.reconstruct import predict
+    from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
+
+    model = load(chain_model(4), name="chain")
+    with Store(tmp_path / "s.sqlite") as st:
+        fill(st, [model], 1, median_of=MEDIANS, se_rel=1e-6, round_medians=True, engine_run="run")
+        kw = dict(store=st, system_id=fingerprint_id(system_fingerprint()), config_key=_config().key(),
+                  modes=("sequential",), n_boot=200)
+        whole = calibration.CallOverhead(1000.0, 0.0)
+        slow = calibration.CallOverhead(1000.0, 0.0, {"engine_run": "run", "round_nos": list(range(1, 11)),
+                                                      "ns": [1600.0] * 10})
+        (a,), = predict([model], 1, call_overhead=whole, **kw)
+        (b,), = predict([model], 1, call_overhead=slow, **kw)
+        (c,), = predict([model], 1, call_overhead_ns=1000.0, **kw)
+    assert a.latency_s == pytest.approx(c.latency_s)
+    # Every brick ran in the slow rounds: 600 ns more off each, the model's one call unchanged.
+    assert (a.latency_s - b.latency_s) * 1e9 == pytest.approx(600.0 * model.n_layers, rel=1e-6)
 
 
 def _chain(name, ops):

@@ -59,11 +59,13 @@ def engine_result(median_ns: float, se_ns: float, *, rounds: int = 10, stop: str
 
 def fill(store: Store, models: list, G: int, *, median_of: dict[str, float], se_rel: float = 0.001,
          wide: dict[str, float] | None = None, stopped: set[str] = frozenset(), e2e: dict[str, float] | None = None,
-         e2e_se_rel: float = 0.001, common_se_factor: float = 1.0) -> dict[str, str]:
+         e2e_se_rel: float = 0.001, common_se_factor: float = 1.0, round_medians: bool = False,
+         engine_run: str = "") -> dict[str, str]:
     """Store a result for every unique brick at ``G`` (median: the sum of its layers' op
     medians) and, with ``e2e``, each model end to end; ``wide`` gives some op types a
     larger relative standard error, ``stopped`` makes their results stop at max rounds;
-    ``common_se_factor`` is every brick result's. Returns op types joined by "+" -> digest."""
+    ``common_se_factor`` is every brick result's; ``round_medians``: brick results have
+    numbered rounds of the engine run ``engine_run``. Returns op types joined by "+" -> digest."""
     from dlbricks.bricks import model_digest
 
     config = _config()
@@ -80,8 +82,9 @@ def fill(store: Store, models: list, G: int, *, median_of: dict[str, float], se_
         stop = "max_rounds" if set(ops) & set(stopped) else "converged"
         d = bytes(sp.unique_digests[u]).hex()
         store.put_brick(d, brick_digest_version(), g=G, op_types=ops, meta={"source_model": models[m].name})
-        store.put_result("brick", d, brick_digest_version(), sid, config, engine_result(med, rel * med, stop=stop,
-                                                                                       common_se_factor=common_se_factor))
+        store.put_result("brick", d, brick_digest_version(), sid, config, engine_result(
+            med, rel * med, stop=stop, common_se_factor=common_se_factor,
+            round_medians=[med] * 10 if round_medians else None, engine_run=engine_run))
         out["+".join(ops)] = d
     for model in models if e2e else ():
         d = model_digest(model)

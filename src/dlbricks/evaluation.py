@@ -350,8 +350,7 @@ def evaluate(
     kinds = [layer_kinds(m.layers) for m in models]
     for G in Gs:
         per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key,
-                            n_boot=n_boot, seed=seed, corpus=corpus, names=names, call_overhead_ns=overhead,
-                            call_overhead_se_ns=calibrated.se_ns if calibrated else 0.0)
+                            n_boot=n_boot, seed=seed, corpus=corpus, names=names, call_overhead=calibrated)
         sp = corpus.split(G)
         unique, recs, brick_ns = brick_results(sp, store, system_id, config_key)  # predict checked every brick
         occurrences = sp.occurrences()

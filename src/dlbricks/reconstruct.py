@@ -20,6 +20,7 @@ from dlbricks.versions import brick_digest_version
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.model import ModelLike
     from dlbricks.store import ResultRecord, Store
+    from dlbricks.timing.calibration import CallOverhead
 
 __all__ = ["MissingResults", "Prediction", "bootstrap_medians", "geomean", "predict", "reconstruct"]
 
@@ -113,6 +114,7 @@ def predict(
     names: Sequence[str] | None = None,
     call_overhead_ns: float | None = None,
     call_overhead_se_ns: float = 0.0,
+    call_overhead: CallOverhead | None = None,
 ) -> list[list[Prediction]]:
     """:func:`reconstruct`, grouped by model: ``out[i]`` holds model ``i``'s prediction
     per mode, in the order of ``modes``. ``names`` label the predictions (default: the
@@ -138,15 +140,24 @@ def predict(
     rng = np.random.default_rng(seed)
     medians = np.array([records[d].median_ns for d in digests], dtype=np.float64)
     boots = np.stack([result_replicates(records[d], n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
+    if call_overhead is not None:
+        call_overhead_ns, call_overhead_se_ns = call_overhead.ns, call_overhead.se_ns
     overhead = float(call_overhead_ns or 0.0)
     overheads = np.zeros(n_boot)
     if overhead > 0:
         # Each brick paid one call's fixed cost; the model pays it once (added below).
-        # The cost is one estimate shared by every brick: each replicate draws its own,
-        # so its error counts once per brick (less the one the model pays).
-        overheads = np.maximum(overhead + float(call_overhead_se_ns) * rng.standard_normal(n_boot), 0.0)
-        medians = np.maximum(medians - overhead, 0.0)
-        boots = np.maximum(boots - overheads, 0.0)
+        # The cost is one estimate shared by every brick: each replicate draws its own
+        # error, so it counts once per brick (less the one the model pays). A brick
+        # pays the cost of the rounds it was measured in, where they are known.
+        error = float(call_overhead_se_ns) * rng.standard_normal(n_boot)
+        overheads = np.maximum(overhead + error, 0.0)
+        paid = np.full(len(digests), overhead)
+        if call_overhead is not None and call_overhead.rounds:
+            paid = np.array([call_overhead.in_rounds(str((records[d].meta or {}).get("engine_run") or ""),
+                                                     (records[d].meta or {}).get("round_nos") or ())
+                             for d in digests], dtype=np.float64)
+        medians = np.maximum(medians - paid, 0.0)
+        boots = np.maximum(boots - np.maximum(paid[:, None] + error[None, :], 0.0), 0.0)
     out: list[list[Prediction]] = []
     for i, model in enumerate(models):
         seq_ids = sp.model_seq_ids(i)
@@ -182,6 +193,7 @@ def reconstruct(
     corpus: Corpus | None = None,
     call_overhead_ns: float | None = None,
     call_overhead_se_ns: float = 0.0,
+    call_overhead: CallOverhead | None = None,
 ) -> list[Prediction]:
     """Predict each model's latency from its bricks' stored medians.
 
@@ -201,6 +213,9 @@ def reconstruct(
         call_overhead_ns: one call's fixed cost (:mod:`dlbricks.timing.calibration`):
             subtracted from every brick and counted once per model (None: no correction).
         call_overhead_se_ns: its standard error, drawn per bootstrap replicate.
+        call_overhead: the stored calibration (overrides the two above): a brick is
+            then corrected by the cost in the rounds it was measured in
+            (:meth:`dlbricks.timing.calibration.CallOverhead.in_rounds`).
 
     Returns:
         one :class:`Prediction` per model and mode, model by model.
@@ -211,7 +226,7 @@ def reconstruct(
     """
     per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key, modes=modes,
                         n_boot=n_boot, seed=seed, corpus=corpus, call_overhead_ns=call_overhead_ns,
-                        call_overhead_se_ns=call_overhead_se_ns)
+                        call_overhead_se_ns=call_overhead_se_ns, call_overhead=call_overhead)
     return [p for preds in per_model for p in preds]
 
 

@@ -5,7 +5,8 @@ set-up, binding), which a whole model pays once, not once per brick: summed over
 model's bricks it over-predicts models of many tiny layers. Two probe models measured
 in the same interleaved run as the bricks tell the fixed cost apart from the per-node
 cost: a chain of one ``Abs`` and a chain of nine on a one-element tensor. Per node:
-(t9 - t1) / 8; per call: t1 - per node. Each probe runs in several sessions, whose
+(t9 - t1) / 8; per call: t1 - per node; kept for each round too, so that a brick is
+corrected by the cost of the rounds it was measured in. Each probe runs in several sessions, whose
 median counts: a session can land in a slow state of its own for its whole life (seen:
 one probe session read 7.4 us where every other read 3.4), and one call's cost,
 subtracted from every brick, moves a model of two hundred small layers by 20%. The
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import Store
@@ -65,10 +66,25 @@ def probe_items(seed: int = 0) -> list[EngineItem]:
 
 
 class CallOverhead(NamedTuple):
-    """The calibrated per-call cost and its standard error (nanoseconds)."""
+    """The calibrated per-call cost and its standard error (nanoseconds), and the cost
+    in each round of the engine run it was measured in (:func:`per_round`; None for
+    calibrations stored without it)."""
 
     ns: float
     se_ns: float
+    rounds: Mapping[str, Any] | None = None
+
+    def in_rounds(self, engine_run: str, round_nos: Sequence[int]) -> float:
+        """The cost in the rounds a result was measured in: the median over those of
+        this calibration's rounds (at least ``MIN_SHARED_ROUNDS`` of them, of the same
+        engine run), else the whole estimate."""
+        from dlbricks.evaluation import MIN_SHARED_ROUNDS
+
+        if not self.rounds or not engine_run or engine_run != self.rounds.get("engine_run"):
+            return self.ns
+        by_round = dict(zip(self.rounds["round_nos"], self.rounds["ns"]))
+        shared = [by_round[r] for r in round_nos if r in by_round]
+        return float(statistics.median(shared)) if len(shared) >= MIN_SHARED_ROUNDS else self.ns
 
 
 def call_overhead_from(t1_ns: float, t9_ns: float) -> float:
@@ -114,7 +130,45 @@ def record(store: Store, system_id: str, config_key: str, results: Mapping[str, 
         "se_ns": se_ns,
         "probe_ns": dict(zip((str(n) for n in PROBE_LENGTHS), meds)),
     }
+    rounds = per_round(results)
+    if rounds is not None:
+        value["rounds"] = rounds
     store.put_calibration(system_id, config_key, NAME, value)
+
+
+def per_round(results: Mapping[str, Measurement | Failure]) -> dict[str, Any] | None:
+    """The per-call cost in each round of the engine run the probes were measured in:
+    ``{"engine_run", "round_nos", "ns"}``, from the median over each length's sessions
+    of their medians in that round (rounds where a length has none are left out); None
+    without round numbers.
+
+    The probes are measured in every round, the bricks in a few of them, and on a shared
+    VM the cost moves in stretches: in one run of four model-zoo models on 2 vCPUs it was
+    2.7 us in some quarters of the rounds and 4.0 us in others, and the whole run's cost
+    (3.5 us) subtracted from ShuffleNet's bricks, measured in quiet rounds, made its
+    normalized latency 0.896 where its own rounds' cost made it 0.925 (eleven other
+    runs: 0.894-0.926). So a brick is corrected by the cost of its own rounds
+    (:func:`dlbricks.reconstruct.predict`)."""
+    from dlbricks.timing.runner import Measurement
+    from dlbricks.timing.stats import numbered_rounds
+
+    runs: set[str] = set()
+    per_length: list[dict[int, float]] = []
+    for n in PROBE_LENGTHS:
+        by_round: dict[int, list[float]] = {}
+        for k in range(PROBE_SESSIONS):
+            m = results.get(f"probe:{n}:{k}")
+            if not isinstance(m, Measurement) or not m.round_nos:
+                continue
+            runs.add(m.engine_run)
+            for r, v in numbered_rounds(m.round_medians_ns, m.round_nos).items():
+                by_round.setdefault(r, []).append(v)
+        per_length.append({r: statistics.median(v) for r, v in by_round.items()})
+    if len(runs) != 1 or not all(per_length):
+        return None
+    shared = sorted(set.intersection(*(set(d) for d in per_length)))
+    return {"engine_run": runs.pop(), "round_nos": shared,
+            "ns": [call_overhead_from(per_length[0][r], per_length[1][r]) for r in shared]}
 
 
 def stored(store: Store, system_id: str, config_key: str) -> dict[str, Any] | None:
@@ -126,7 +180,8 @@ def call_overhead(store: Store, system_id: str, config_key: str) -> CallOverhead
     """The calibrated per-call cost for this system and configuration, or None
     (calibrations stored before errors were kept have a standard error of 0)."""
     value = stored(store, system_id, config_key)
-    return None if value is None else CallOverhead(float(value["ns"]), float(value.get("se_ns", 0.0)))
+    return None if value is None else CallOverhead(float(value["ns"]), float(value.get("se_ns", 0.0)),
+                                                     value.get("rounds"))
 
 
 def call_overhead_ns(store: Store, system_id: str, config_key: str) -> float | None:

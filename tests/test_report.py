@@ -23,6 +23,8 @@ from dlbricks.report.html import SECTIONS, TOP_BRICKS, brick_contributions, buil
 from dlbricks.report.sections import RESULT_ROWS
 from dlbricks.store import Store
 from dlbricks.timing import RunnerConfig
+from dlbricks.timing.calibration import call_overhead
+from dlbricks.versions import brick_digest_version
 
 GS = (1, 2, 3)
 FIGURES = {
@@ -351,10 +353,18 @@ def test_top_bricks_weight_each_median_by_its_occurrences(run: dict) -> None:
         assert b["contribution_s"] == pytest.approx(b["median_s"] * b["occurrences"])
         assert len(b["op_types"]) == 1  # G=1: one layer per brick
     # Summed over the corpus they are the sequential predictions summed over the models, once each
-    # brick's fixed per-call cost is counted once per model instead (the call-overhead correction).
+    # brick's fixed per-call cost (in its own rounds) is counted once per model instead (at the
+    # whole run's: the call-overhead correction).
     predicted = sum(m["per_g"]["1"]["sequential"]["latency_s"] for m in ev["models"])
     c = (ev.get("call_overhead_ns") or 0.0) * 1e-9
-    corrected = sum(b["occurrences"] * max(b["median_s"] - c, 0.0) for b in bricks) + c * len(ev["models"])
+    with Store(run["store"], readonly=True) as store:
+        cal = call_overhead(store, ev["system_id"], ev["config_key"])
+        metas = {b["digest"]: store.get_result("brick", b["digest"], brick_digest_version(), ev["system_id"],
+                                               ev["config_key"]).meta for b in bricks}
+    paid = {d: cal.in_rounds(m.get("engine_run", ""), m.get("round_nos") or ()) * 1e-9 if cal else 0.0
+            for d, m in metas.items()}
+    corrected = sum(b["occurrences"] * max(b["median_s"] - paid[b["digest"]], 0.0) for b in bricks) \
+        + c * len(ev["models"])
     assert corrected == pytest.approx(predicted, rel=1e-9)
     rows = _body_rows(_parse(run["html"]), "table-top-bricks")
     assert len(rows) == min(TOP_BRICKS, len(bricks))

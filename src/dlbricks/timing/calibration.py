@@ -82,7 +82,7 @@ class CallOverhead(NamedTuple):
 
         if not self.rounds or not engine_run or engine_run != self.rounds.get("engine_run"):
             return self.ns
-        by_round = dict(zip(self.rounds["round_nos"], self.rounds["ns"]))
+        by_round = self.rounds.get("by_round") or dict(zip(self.rounds["round_nos"], self.rounds["ns"]))
         shared = [by_round[r] for r in round_nos if r in by_round]
         return float(statistics.median(shared)) if len(shared) >= MIN_SHARED_ROUNDS else self.ns
 
@@ -180,8 +180,12 @@ def call_overhead(store: Store, system_id: str, config_key: str) -> CallOverhead
     """The calibrated per-call cost for this system and configuration, or None
     (calibrations stored before errors were kept have a standard error of 0)."""
     value = stored(store, system_id, config_key)
-    return None if value is None else CallOverhead(float(value["ns"]), float(value.get("se_ns", 0.0)),
-                                                     value.get("rounds"))
+    if value is None:
+        return None
+    rounds = value.get("rounds")
+    if rounds:  # looked up once per brick: the lookup table built once
+        rounds = {**rounds, "by_round": dict(zip(rounds["round_nos"], rounds["ns"]))}
+    return CallOverhead(float(value["ns"]), float(value.get("se_ns", 0.0)), rounds)
 
 
 def call_overhead_ns(store: Store, system_id: str, config_key: str) -> float | None:

@@ -437,18 +437,19 @@ def test_attribution_ends_at_the_normal_evaluation(attributed):
 def test_attribution_call_overhead_step_is_the_calibrated_correction(attributed):
     from dataclasses import replace
 
-    from dlbricks.timing.calibration import call_overhead_ns
+    from dlbricks.timing.calibration import call_overhead
 
     warm_key = replace(FAST, cache_state="warm").key()
     att = attributed["first"]["attribution"]
     assert att["config_key"] == warm_key != FAST.key()
     sid = fingerprint_id(system_fingerprint())
     with Store(attributed["store"], readonly=True) as store:
-        overhead = call_overhead_ns(store, sid, warm_key)
-        assert overhead is not None and att["call_overhead_ns"] == overhead
+        calibrated = call_overhead(store, sid, warm_key)
+        assert calibrated is not None and att["call_overhead_ns"] == calibrated.ns
+        assert calibrated.rounds is not None  # each brick corrected in its own rounds, as the evaluation does
         kw = {"store": store, "system_id": sid, "config_key": warm_key, "modes": ("sequential",), "n_boot": 10}
         without = reconstruct(attributed["sources"], 1, **kw)
-        with_ = reconstruct(attributed["sources"], 1, call_overhead_ns=overhead, **kw)
+        with_ = reconstruct(attributed["sources"], 1, call_overhead=calibrated, **kw)
     for m, a, b in zip(att["models"], without, with_):
         expected = (b.latency_s - a.latency_s) / m["e2e_same_rounds_s"]
         assert m["normalized"][1] - m["normalized"][0] == pytest.approx(expected, rel=1e-9, abs=1e-12)

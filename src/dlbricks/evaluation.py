@@ -21,7 +21,7 @@ from dlbricks.errors import DlbricksError
 from dlbricks.model import distinct_names, layer_kinds
 from dlbricks.quality import assess, model_flags
 from dlbricks.reconstruct import geomean, predict
-from dlbricks.timing.calibration import call_overhead, call_overhead_ns
+from dlbricks.timing.calibration import CallOverhead, call_overhead
 from dlbricks.versions import brick_digest_version, model_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -514,16 +514,17 @@ def _attribution(
         summary = bench([*sources, *cut], [G], store=store, config=warm, workdir=workdir, e2e=False, seed=seed,
                         progress=progress, brick_dirs=brick_dirs)
         reuse = {k: getattr(summary, k) for k in reuse}
-    overhead = call_overhead_ns(store, system_id, warm_key) if config.call_overhead else None
+    calibrated = call_overhead(store, system_id, warm_key) if config.call_overhead else None
+    overhead = calibrated.ns if calibrated else None
     if config.call_overhead and overhead is None and not measure_missing:
         raise AttributionUnavailable(
             f"attribution at G={G}: the store has no call-overhead calibration for warm caches; "
             "measure it (drop --no-measure) or pass --no-call-overhead")
 
-    def sums(group: Sequence[Model], ns: float | None) -> list[float]:
+    def sums(group: Sequence[Model], cal: CallOverhead | None) -> list[float]:
         try:
             preds = predict(group, G, store=store, system_id=system_id, config_key=warm_key, modes=("sequential",),
-                            n_boot=min(n_boot, 50), seed=seed, call_overhead_ns=ns)
+                            n_boot=min(n_boot, 50), seed=seed, call_overhead=cal)
         except MissingResults as exc:
             if measure_missing:
                 raise
@@ -533,8 +534,8 @@ def _attribution(
         return [p[0].latency_s for p in preds]
 
     base = sums(sources, None)
-    with_call = sums(sources, overhead)
-    runtime = with_call if not cut else sums(models, overhead)
+    with_call = sums(sources, calibrated)
+    runtime = with_call if not cut else sums(models, calibrated)
     out_models = []
     for i, r in enumerate(rows):
         # The evaluation's own reference, so that the last step is the evaluation.

@@ -107,7 +107,7 @@ def test_evaluate_counts_the_calibrated_cost_once_per_model(tmp_path):
         # Each brick less the cost in its own rounds (the probes ran in every round of
         # the same engine run), the model's one call at the whole run's.
         cal = calibration.call_overhead(st, with_c["system_id"], with_c["config_key"])
-        assert cal is not None and cal.rounds is not None and len(cal.rounds["round_nos"]) >= 3
+        assert cal is not None and cal.engine_run and len(cal.by_round) >= 3
         metas = [st.get_result("brick", b["digest"], brick_digest_version(), with_c["system_id"],
                                with_c["config_key"]).meta for b in with_c["bricks"]]
         paid = [cal.in_rounds(m["engine_run"], m["round_nos"]) for m in metas]
@@ -139,8 +139,8 @@ def test_the_calibration_keeps_the_cost_of_each_round():
 
 
 def test_a_result_is_corrected_by_the_cost_in_its_own_rounds():
-    cal = calibration.CallOverhead(3000.0, 20.0, {"engine_run": "run", "round_nos": [1, 2, 3, 4, 5, 6],
-                                                  "ns": [2500.0, 2500.0, 2500.0, 4000.0, 4000.0, 4000.0]})
+    cal = calibration.CallOverhead(3000.0, 20.0, "run", {1: 2500.0, 2: 2500.0, 3: 2500.0, 4: 4000.0, 5: 4000.0,
+                                                         6: 4000.0})
     assert cal.in_rounds("run", [4, 5, 6]) == 4000.0
     assert cal.in_rounds("run", [1, 2, 3, 4]) == 2500.0  # the median of the shared rounds
     assert cal.in_rounds("run", [5, 6]) == 3000.0  # too few shared rounds: the whole estimate
@@ -162,12 +162,12 @@ def test_bricks_measured_in_a_slow_stretch_lose_that_stretchs_call_cost(tmp_path
         kw = dict(store=st, system_id=fingerprint_id(system_fingerprint()), config_key=_config().key(),
                   modes=("sequential",), n_boot=200)
         whole = calibration.CallOverhead(1000.0, 0.0)
-        slow = calibration.CallOverhead(1000.0, 0.0, {"engine_run": "run", "round_nos": list(range(1, 11)),
-                                                      "ns": [1600.0] * 10})
+        slow = calibration.CallOverhead(1000.0, 0.0, "run", dict.fromkeys(range(1, 11), 1600.0))
         (a,), = predict([model], 1, call_overhead=whole, **kw)
         (b,), = predict([model], 1, call_overhead=slow, **kw)
-        (c,), = predict([model], 1, call_overhead_ns=1000.0, **kw)
-    assert a.latency_s == pytest.approx(c.latency_s)
+        (c,), = predict([model], 1, call_overhead=calibration.CallOverhead(1000.0, 0.0, "other run",
+                                                                         dict.fromkeys(range(1, 11), 1600.0)), **kw)
+    assert a.latency_s == pytest.approx(c.latency_s)  # another engine run's rounds: the whole estimate
     # Every brick ran in the slow rounds: 600 ns more off each, the model's one call unchanged.
     assert (a.latency_s - b.latency_s) * 1e9 == pytest.approx(600.0 * model.n_layers, rel=1e-6)
 

@@ -382,15 +382,16 @@ def test_a_brick_results_common_se_factor_widens_its_models_interval_and_not_its
 
 def test_the_call_overheads_error_widens_a_models_interval_once_per_brick_less_one(tmp_path):
     from dlbricks.reconstruct import predict
+    from dlbricks.timing.calibration import CallOverhead
 
     short, long = load(chain_model(1), name="short"), load(chain_model(8), name="long")
     with Store(tmp_path / "s.sqlite") as st:
         fill(st, [short, long], 1, median_of=MEDIANS, se_rel=1e-6)
         kw = dict(store=st, system_id=fingerprint_id(system_fingerprint()), config_key=_config().key(),
-                  modes=("sequential",), n_boot=4000, call_overhead_ns=1000.0)
-        exact = [p[0] for p in predict([short, long], 1, **kw)]
+                  modes=("sequential",), n_boot=4000)
+        exact = [p[0] for p in predict([short, long], 1, call_overhead=CallOverhead(1000.0, 0.0), **kw)]
         se = 100.0
-        vague = [p[0] for p in predict([short, long], 1, call_overhead_se_ns=se, **kw)]
+        vague = [p[0] for p in predict([short, long], 1, call_overhead=CallOverhead(1000.0, se), **kw)]
     for a, b in zip(exact, vague):
         assert a.latency_s == b.latency_s  # the point estimate keeps the calibrated cost
     for p, n_bricks in zip(vague, (2, 16)):

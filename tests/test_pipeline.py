@@ -446,7 +446,7 @@ def test_attribution_call_overhead_step_is_the_calibrated_correction(attributed)
     with Store(attributed["store"], readonly=True) as store:
         calibrated = call_overhead(store, sid, warm_key)
         assert calibrated is not None and att["call_overhead_ns"] == calibrated.ns
-        assert calibrated.rounds is not None  # each brick corrected in its own rounds, as the evaluation does
+        assert calibrated.by_round  # each brick corrected in its own rounds, as the evaluation does
         kw = {"store": store, "system_id": sid, "config_key": warm_key, "modes": ("sequential",), "n_boot": 10}
         without = reconstruct(attributed["sources"], 1, **kw)
         with_ = reconstruct(attributed["sources"], 1, call_overhead=calibrated, **kw)

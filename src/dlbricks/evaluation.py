@@ -22,6 +22,7 @@ from dlbricks.model import distinct_names, layer_kinds
 from dlbricks.quality import assess, model_flags
 from dlbricks.reconstruct import geomean, predict
 from dlbricks.timing.calibration import CallOverhead, call_overhead
+from dlbricks.timing.stats import MIN_SHARED_ROUNDS
 from dlbricks.versions import brick_digest_version, model_digest_version
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -608,11 +609,6 @@ def _models_with_failed_bricks(
             for i in np.nonzero(occ[:, u])[0]:
                 out.setdefault(int(i), f"brick {digests[u][:12]} (G={G}) failed: {rec.error or 'failed'}")
     return out
-
-
-#: Rounds a brick must share with its model before the model's latency in those rounds
-#: stands for it (fewer: the model's whole estimate does).
-MIN_SHARED_ROUNDS = 3
 
 
 def _round_medians(rec: ResultRecord) -> list[float]:

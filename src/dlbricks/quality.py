@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from dlbricks.reconstruct import sum_se_ns
+
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.model import ModelLike
     from dlbricks.store import ResultRecord, Store
@@ -62,7 +64,7 @@ def result_se_ns(rec: ResultRecord) -> tuple[float, float]:
     meta = rec.meta or {}
     stats = rec.stats or {}
     rounds = int(meta.get("rounds", 0) or 0)
-    se = float(meta.get("median_se_ns", 0.0) or 0.0) * float(meta.get("common_se_factor", 1.0) or 1.0)
+    se = sum_se_ns(meta)
     if rounds >= 2 and se > 0:
         return se, float(rounds - 1)
     median = float(stats.get("median", 0.0) or 0.0)

@@ -8,7 +8,7 @@ by brick digest, digest version, system fingerprint and runner configuration).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import ResultRecord, Store
     from dlbricks.timing.calibration import CallOverhead
 
-__all__ = ["MissingResults", "Prediction", "bootstrap_medians", "geomean", "predict", "reconstruct"]
+__all__ = ["MissingResults", "Prediction", "bootstrap_medians", "geomean", "predict", "reconstruct", "sum_se_ns"]
 
 MODES = ("sequential", "parallel")
 
@@ -79,6 +79,13 @@ def bootstrap_medians(times_ns: np.ndarray, n_boot: int, rng: np.random.Generato
     return t[np.clip(ranks, 0, n - 1)]
 
 
+def sum_se_ns(meta: Mapping[str, Any]) -> float:
+    """A stored engine result's standard error as a term of a sum of results (its
+    ``median_se_ns`` grown by its ``common_se_factor``, :class:`Measurement`'s
+    ``sum_se_ns``); 0 for results without one."""
+    return float(meta.get("median_se_ns", 0.0) or 0.0) * float(meta.get("common_se_factor", 1.0) or 1.0)
+
+
 def result_replicates(rec: ResultRecord, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """``n_boot`` replicates of a stored result's latency estimate (nanoseconds).
 
@@ -92,7 +99,7 @@ def result_replicates(rec: ResultRecord, n_boot: int, rng: np.random.Generator) 
     """
     meta = rec.meta or {}
     rounds = int(meta.get("rounds", 0))
-    se = float(meta.get("median_se_ns", 0.0)) * float(meta.get("common_se_factor", 1.0))
+    se = sum_se_ns(meta)
     if rounds >= 2 and se > 0:
         # A latency is never negative; the t tail can be, for an estimate of few rounds.
         return np.maximum(float(rec.median_ns or 0.0) + se * rng.standard_t(rounds - 1, size=n_boot), 0.0)
@@ -112,8 +119,6 @@ def predict(
     seed: int = 0,
     corpus: Corpus | None = None,
     names: Sequence[str] | None = None,
-    call_overhead_ns: float | None = None,
-    call_overhead_se_ns: float = 0.0,
     call_overhead: CallOverhead | None = None,
 ) -> list[list[Prediction]]:
     """:func:`reconstruct`, grouped by model: ``out[i]`` holds model ``i``'s prediction
@@ -140,22 +145,18 @@ def predict(
     rng = np.random.default_rng(seed)
     medians = np.array([records[d].median_ns for d in digests], dtype=np.float64)
     boots = np.stack([result_replicates(records[d], n_boot, rng) for d in digests]) if digests else np.zeros((0, n_boot))
-    if call_overhead is not None:
-        call_overhead_ns, call_overhead_se_ns = call_overhead.ns, call_overhead.se_ns
-    overhead = float(call_overhead_ns or 0.0)
+    overhead = call_overhead.ns if call_overhead is not None else 0.0
     overheads = np.zeros(n_boot)
-    if overhead > 0:
+    if call_overhead is not None and overhead > 0:
         # Each brick paid one call's fixed cost; the model pays it once (added below).
         # The cost is one estimate shared by every brick: each replicate draws its own
         # error, so it counts once per brick (less the one the model pays). A brick
         # pays the cost of the rounds it was measured in, where they are known.
-        error = float(call_overhead_se_ns) * rng.standard_normal(n_boot)
+        error = call_overhead.se_ns * rng.standard_normal(n_boot)
         overheads = np.maximum(overhead + error, 0.0)
-        paid = np.full(len(digests), overhead)
-        if call_overhead is not None and call_overhead.rounds:
-            paid = np.array([call_overhead.in_rounds(str((records[d].meta or {}).get("engine_run") or ""),
-                                                     (records[d].meta or {}).get("round_nos") or ())
-                             for d in digests], dtype=np.float64)
+        metas = [records[d].meta or {} for d in digests]
+        paid = np.array([call_overhead.in_rounds(str(m.get("engine_run") or ""), m.get("round_nos") or ())
+                         for m in metas], dtype=np.float64)
         medians = np.maximum(medians - paid, 0.0)
         boots = np.maximum(boots - np.maximum(paid[:, None] + error[None, :], 0.0), 0.0)
     out: list[list[Prediction]] = []
@@ -191,8 +192,6 @@ def reconstruct(
     n_boot: int = 400,
     seed: int = 0,
     corpus: Corpus | None = None,
-    call_overhead_ns: float | None = None,
-    call_overhead_se_ns: float = 0.0,
     call_overhead: CallOverhead | None = None,
 ) -> list[Prediction]:
     """Predict each model's latency from its bricks' stored medians.
@@ -210,12 +209,11 @@ def reconstruct(
         n_boot: bootstrap replicates.
         seed: seed of the bootstrap.
         corpus: the models' :class:`Corpus`, when the caller has one already.
-        call_overhead_ns: one call's fixed cost (:mod:`dlbricks.timing.calibration`):
-            subtracted from every brick and counted once per model (None: no correction).
-        call_overhead_se_ns: its standard error, drawn per bootstrap replicate.
-        call_overhead: the stored calibration (overrides the two above): a brick is
-            then corrected by the cost in the rounds it was measured in
-            (:meth:`dlbricks.timing.calibration.CallOverhead.in_rounds`).
+        call_overhead: one call's fixed cost (:mod:`dlbricks.timing.calibration`):
+            each brick less the cost in the rounds it was measured in
+            (:meth:`~dlbricks.timing.calibration.CallOverhead.in_rounds`), the model's
+            one call at the whole estimate; its standard error drawn per bootstrap
+            replicate (None: no correction).
 
     Returns:
         one :class:`Prediction` per model and mode, model by model.
@@ -225,8 +223,7 @@ def reconstruct(
         DlbricksError: an unknown mode.
     """
     per_model = predict(models, G, store=store, system_id=system_id, config_key=config_key, modes=modes,
-                        n_boot=n_boot, seed=seed, corpus=corpus, call_overhead_ns=call_overhead_ns,
-                        call_overhead_se_ns=call_overhead_se_ns, call_overhead=call_overhead)
+                        n_boot=n_boot, seed=seed, corpus=corpus, call_overhead=call_overhead)
     return [p for preds in per_model for p in preds]
 
 

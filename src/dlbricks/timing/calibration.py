@@ -22,6 +22,8 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
+from dlbricks.timing.stats import MIN_SHARED_ROUNDS, numbered_rounds
+
 if TYPE_CHECKING:  # pragma: no cover
     from dlbricks.store import Store
     from dlbricks.timing.engine import EngineItem
@@ -67,23 +69,21 @@ def probe_items(seed: int = 0) -> list[EngineItem]:
 
 class CallOverhead(NamedTuple):
     """The calibrated per-call cost and its standard error (nanoseconds), and the cost
-    in each round of the engine run it was measured in (:func:`per_round`; None for
-    calibrations stored without it)."""
+    in each round (round number -> ns) of the engine run it was measured in
+    (:func:`per_round`; empty for calibrations stored without it)."""
 
     ns: float
     se_ns: float
-    rounds: Mapping[str, Any] | None = None
+    engine_run: str = ""
+    by_round: Mapping[int, float] = {}
 
     def in_rounds(self, engine_run: str, round_nos: Sequence[int]) -> float:
         """The cost in the rounds a result was measured in: the median over those of
         this calibration's rounds (at least ``MIN_SHARED_ROUNDS`` of them, of the same
         engine run), else the whole estimate."""
-        from dlbricks.evaluation import MIN_SHARED_ROUNDS
-
-        if not self.rounds or not engine_run or engine_run != self.rounds.get("engine_run"):
+        if not self.by_round or not engine_run or engine_run != self.engine_run:
             return self.ns
-        by_round = self.rounds.get("by_round") or dict(zip(self.rounds["round_nos"], self.rounds["ns"]))
-        shared = [by_round[r] for r in round_nos if r in by_round]
+        shared = [self.by_round[r] for r in round_nos if r in self.by_round]
         return float(statistics.median(shared)) if len(shared) >= MIN_SHARED_ROUNDS else self.ns
 
 
@@ -150,7 +150,6 @@ def per_round(results: Mapping[str, Measurement | Failure]) -> dict[str, Any] | 
     runs: 0.894-0.926). So a brick is corrected by the cost of its own rounds
     (:func:`dlbricks.reconstruct.predict`)."""
     from dlbricks.timing.runner import Measurement
-    from dlbricks.timing.stats import numbered_rounds
 
     runs: set[str] = set()
     per_length: list[dict[int, float]] = []
@@ -182,10 +181,9 @@ def call_overhead(store: Store, system_id: str, config_key: str) -> CallOverhead
     value = stored(store, system_id, config_key)
     if value is None:
         return None
-    rounds = value.get("rounds")
-    if rounds:  # looked up once per brick: the lookup table built once
-        rounds = {**rounds, "by_round": dict(zip(rounds["round_nos"], rounds["ns"]))}
-    return CallOverhead(float(value["ns"]), float(value.get("se_ns", 0.0)), rounds)
+    rounds = value.get("rounds") or {}
+    return CallOverhead(float(value["ns"]), float(value.get("se_ns", 0.0)), str(rounds.get("engine_run", "")),
+                        dict(zip(rounds.get("round_nos", ()), rounds.get("ns", ()))))
 
 
 def call_overhead_ns(store: Store, system_id: str, config_key: str) -> float | None:

@@ -1519,12 +1519,13 @@ class _Engine:
             per_lane[t.lane] += n * per_round
         measuring = max(per_lane, default=0.0) + self.round_overhead_s * max(left.values(), default=0.0)
         waiting = [t for t in self.tracks.values() if not t.open and not t.final]
-        return measuring + sum(self.unopened_cost_s(waiting).values())
+        return measuring + self.unopened_cost_s(waiting)
 
-    def unopened_cost_s(self, waiting: Sequence[_Track]) -> dict[str, float]:
+    def unopened_cost_s(self, waiting: Sequence[_Track]) -> float:
         """What the sessions not opened yet (in flight, or waiting for memory) will
-        cost, by kind: each what an opened one of its kind has cost so far, its
-        opening plus its rounds; of any kind where none of its own is open yet. Not
+        cost: each what an opened one of its kind has cost so far, its opening plus
+        its rounds (for a kind none of whose sessions is open yet, the average over
+        all). Not
         the rounds an open one is expected to need still: early on that is an
         unconverged slow item's rounds up to the limit, which most sessions to come
         will not run (charged to each of them it read 17 times the time left).
@@ -1533,7 +1534,7 @@ class _Engine:
         few and mostly whole models: priced at their average, the 1,900 bricks still
         to open made a 2.5-minute run of 36 models read 9 minutes."""
         if not waiting:
-            return {}
+            return 0.0
         started = [t for t in self.tracks.values() if t.round_nos or t.final]
         # Opening costs scaled to the opening's real wall-clock (pipelining, waits).
         own = sum(t.setup_s + t.item.prep_s for t in started)
@@ -1547,11 +1548,8 @@ class _Engine:
         by_kind: dict[str, list[float]] = {}
         for t in started:
             by_kind.setdefault(t.item.kind, []).append(cost(t))
-        out: dict[str, float] = {}
-        for t in waiting:
-            costs = by_kind.get(t.item.kind)
-            out[t.item.kind] = out.get(t.item.kind, 0.0) + (statistics.fmean(costs) if costs else overall)
-        return out
+        per_kind = {k: statistics.fmean(v) for k, v in by_kind.items()}
+        return sum(per_kind.get(t.item.kind, overall) for t in waiting)
 
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()

@@ -198,6 +198,12 @@ def ci_converged(times: list[int], target: float) -> bool:
     return half <= target * median
 
 
+#: Rounds two engine results must share before one's value in those rounds stands for
+#: it beside the other (fewer: its whole estimate does): a model's latency in its bricks'
+#: rounds, the per-call cost in a brick's.
+MIN_SHARED_ROUNDS = 3
+
+
 def numbered_rounds(round_medians: Sequence[float], round_nos: Sequence[int]) -> dict[int, float]:
     """{round number: that round's median} of one engine result: its numbers belong to the
     last ``len(round_nos)`` of its round medians (rounds resumed from a checkpoint of an

@@ -463,8 +463,8 @@ def oneshot_child(out_dir: str) -> None:
     import onnx.shape_inference
 
     from dlbricks import analysis, cli, corpus, digest, graph  # noqa: F401
-    from dlbricks.loading import fast as onnx_io  # noqa: F401
     from dlbricks.commands import _common, analyze  # noqa: F401
+    from dlbricks.loading import fast as onnx_io  # noqa: F401
 
     import_s = time.perf_counter() - t0
     timers = _onnx_timers(onnx, onnx_io)

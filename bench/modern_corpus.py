@@ -382,9 +382,8 @@ def _random_feeds(inputs: tuple, seed: int) -> dict:
     return feeds
 
 
-def quantize_static_qdq(src: Path, dst: Path, entry: "Entry") -> dict:
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+def quantize_static_qdq(src: Path, dst: Path, entry: Entry) -> dict:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     class Calibration(CalibrationDataReader):
@@ -408,7 +407,7 @@ def quantize_static_qdq(src: Path, dst: Path, entry: "Entry") -> dict:
                             "8 random calibration samples, MinMax"}
 
 
-def quantize_dynamic_int8(src: Path, dst: Path, entry: "Entry") -> dict:
+def quantize_dynamic_int8(src: Path, dst: Path, entry: Entry) -> dict:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -571,7 +570,7 @@ def _flush_subnormals(path: Path) -> int:
     for node in model.graph.node:
         tensors += [a.t for a in node.attribute if a.type == onnx.AttributeProto.TENSOR]
     flushed = 0
-    for i, t in enumerate(tensors):
+    for t in tensors:
         if t.data_type != onnx.TensorProto.FLOAT:
             continue
         a = numpy_helper.to_array(t)

@@ -29,9 +29,9 @@ from pathlib import Path
 import onnx
 
 from dlbricks.loading import load
+from dlbricks.profiling.tracing import to_jsonable
 from dlbricks.profiling.xsp import ProfileOptions, profile_model
 from dlbricks.timing import RunnerConfig
-from dlbricks.profiling.tracing import to_jsonable
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import onnx
 
-from dlbricks.roofline import analysis as rl
 from dlbricks.loading import load
 from dlbricks.pipeline import bench
+from dlbricks.roofline import analysis as rl
 from dlbricks.store import Store
-from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 from dlbricks.timing import RunnerConfig
+from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 

@@ -7,8 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from dlbricks.store import Store
-from dlbricks.timing import RunnerConfig, summarize
-from dlbricks.timing import calibration
+from dlbricks.timing import RunnerConfig, calibration, summarize
 from dlbricks.timing.runner import Failure, Measurement
 
 SYSTEM = {"schema_version": 1, "cpu": {"model": "test"}, "hostname": "h"}

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import light
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -19,8 +20,6 @@ from onnx import numpy_helper as nh
 from dlbricks.bricks import model_digest
 from dlbricks.cli import main
 from dlbricks.loading import load
-
-from conftest import light
 
 
 def analyze(capsys, *args: str) -> tuple[int, str, str]:

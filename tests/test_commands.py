@@ -188,7 +188,6 @@ def test_evaluate_attribution_with_ray_is_a_usage_error(tmp_path, capsys):
     import argparse
 
     from dlbricks.commands import evaluate
-
     from dlbricks.errors import UsageError
 
     # evaluate measures on this machine only: argparse refuses --ray (exit 2)...
@@ -209,6 +208,7 @@ def test_sigterm_ends_a_run_as_an_interrupt_does_and_leaves_no_spooled_bricks(tm
     import time
 
     from conftest import light
+
     from dlbricks.timing.engine_process import spool_dir
 
     spool = spool_dir()

@@ -18,13 +18,12 @@ from itertools import permutations
 
 import numpy as np
 import pytest
+import reference  # tests/reference.py: the pure-Python core
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import dlbricks
 from dlbricks import Corpus, Graph, _core, critical_path, sequence_graph, split, topo_order
-
-import reference  # tests/reference.py: the pure-Python core
 
 SETTINGS = settings(deadline=None, max_examples=40)
 FORM_VERSION = reference.SEQUENCE_DIGEST_VERSION  # the canonical form that ref_sequence_digest lays out

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import onnx
+from test_pipeline import FAST_CLI, chain_model, diamond_model
 
 from dlbricks.cli import main
 from dlbricks.commands.demo import default_corpus_dir
-from test_pipeline import FAST_CLI, chain_model, diamond_model
 
 
 def test_default_corpus_is_the_nine_light_models():

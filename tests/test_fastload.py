@@ -23,9 +23,9 @@ from onnx import numpy_helper as nh
 
 import dlbricks
 from dlbricks import _core, digest
+from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.loading import fast as fastpath
 from dlbricks.loading import loader
-from dlbricks.errors import DlbricksError, ModelError
 from dlbricks.model import LazyLayers
 
 DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"

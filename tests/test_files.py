@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from dlbricks.files import write_atomically
 from dlbricks.errors import UsageError
+from dlbricks.files import write_atomically
 
 
 def test_writes_text_as_utf8_and_bytes_as_given(tmp_path):

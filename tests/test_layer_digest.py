@@ -18,7 +18,6 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from dlbricks.loading import loader
 from dlbricks.digest import (
     LAYER_DIGEST_VERSION,
     LAYER_MAGIC,
@@ -26,6 +25,7 @@ from dlbricks.digest import (
     layer_canonical_bytes,
     layer_digest,
 )
+from dlbricks.loading import loader
 from dlbricks.model import ConstInput, TensorType
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"

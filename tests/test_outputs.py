@@ -13,6 +13,7 @@ import math
 import numpy as np
 import onnx
 import pytest
+from test_pipeline import chain_model, diamond_model
 
 from dlbricks.cli import build_parser, main
 from dlbricks.commands._common import runner_config
@@ -22,7 +23,6 @@ from dlbricks.store import Store
 from dlbricks.timing import Measurement, summarize
 from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 from dlbricks.versions import brick_digest_version, model_digest_version
-from test_pipeline import chain_model, diamond_model
 
 # Engine options kept short, and no calibration probes to measure; the stores these
 # tests fill hold results of the models' source-graph bricks.
@@ -314,8 +314,9 @@ def test_evaluate_to_dataframe_has_a_row_per_model_g_and_mode(zoo, tmp_path):
 def test_results_from_before_the_engine_are_judged_with_their_drift(zoo, tmp_path):
     from dataclasses import replace
 
-    from dlbricks.quality import assess, result_se_ns
     from test_pipeline import fake_measurement
+
+    from dlbricks.quality import assess, result_se_ns
 
     chain = load(zoo[0])
     sp = Corpus([chain]).split(1)

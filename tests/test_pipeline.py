@@ -12,18 +12,18 @@ import time
 import numpy as np
 import onnx
 import pytest
+from conftest import light
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import light
 from dlbricks.cli import main
 from dlbricks.corpus import Corpus
 from dlbricks.loading import load
 from dlbricks.pipeline import bench, evaluate
 from dlbricks.reconstruct import MissingResults, bootstrap_medians, reconstruct
-from dlbricks.versions import brick_digest_version
 from dlbricks.store import Store, StoreError
-from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 from dlbricks.timing import Measurement, RunnerConfig, summarize
+from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
+from dlbricks.versions import brick_digest_version
 
 FAST = RunnerConfig(cores=None, warmup_iters=1, warmup_time=0.0, min_iters=5, min_time=0.005, max_time=0.05)
 FAST_CLI = ["--no-pin", "--warmup", "1", "--warmup-time", "0", "--min-iters", "5", "--min-time", "0.005", "--max-time", "0.05"]

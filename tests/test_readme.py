@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import onnx
-
 from test_pipeline import chain_model, diamond_model
 
 README = Path(__file__).resolve().parent.parent / "README.md"

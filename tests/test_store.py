@@ -19,8 +19,8 @@ import pytest
 import dlbricks
 from dlbricks.cli import main
 from dlbricks.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError, default_store_path
-from dlbricks.timing.sysinfo import IDENTITY_FIELDS, fingerprint_id, system_fingerprint
 from dlbricks.timing import Failure, Measurement, RunnerConfig, summarize
+from dlbricks.timing.sysinfo import IDENTITY_FIELDS, fingerprint_id, system_fingerprint
 
 SYSTEM = {"cpu": {"model": "Test CPU", "flags": ["avx2"], "logical_cores": 4}, "hostname": "box"}
 CFG = RunnerConfig()
@@ -336,8 +336,8 @@ def test_export_rows_name_what_each_result_is_and_how_it_was_measured(tmp_path):
 
 def test_results_command_filters_by_model_file_with_occurrences_and_shapes(tmp_path, capsys):
     import onnx
-
     from test_pipeline import chain_model, diamond_model
+
     from dlbricks.loading import load
     from dlbricks.pipeline import bench
 

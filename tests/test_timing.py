@@ -118,13 +118,13 @@ def test_median_ci_ranks_is_the_largest_order_statistic_interval_with_95_percent
     lo, hi, exact = median_ci_ranks(n)
     assert exact and hi == n - 1 - lo
 
-    def coverage(l):  # [x(l), x(n+1-l)], exact binomial in rationals
-        tail = sum(Fraction(math.comb(n, k), 2**n) for k in range(l))
+    def coverage(rank):  # [x(rank), x(n+1-rank)], exact binomial in rationals
+        tail = sum(Fraction(math.comb(n, k), 2**n) for k in range(rank))
         return 1 - 2 * tail
 
-    l = lo + 1
-    assert coverage(l) >= Fraction(95, 100)
-    assert coverage(l + 1) < Fraction(95, 100)
+    rank = lo + 1
+    assert coverage(rank) >= Fraction(95, 100)
+    assert coverage(rank + 1) < Fraction(95, 100)
 
 
 def test_median_ci_ranks_too_few_samples_falls_back_to_the_range():

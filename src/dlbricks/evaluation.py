@@ -283,6 +283,7 @@ def evaluate(
         remeasure = assess(models, Gs, store=store, system_id=system_id, config_key=config_key,
                            precision=config.precision, e2e_models=sources, names=names).remeasure()
     reuse: dict[str, Any]
+    host: dict[str, Any] | None = None
     if measure_missing:
         summary = bench(models, Gs, store=store, config=config, workdir=workdir, e2e=True, seed=seed,
                         progress=progress, e2e_models=sources, brick_dirs=brick_dirs, remeasure=remeasure)
@@ -290,6 +291,7 @@ def evaluate(
                                                   "models_total", "models_reused", "models_measured", "models_failed",
                                                   "wall_s")}
         reuse["remeasured"] = len(remeasure)
+        host = summary.host
     else:
         reuse = {"bricks_total": None, "bricks_reused": None, "bricks_measured": 0, "bricks_failed": 0,
                  "models_total": len(sources), "models_reused": len(sources), "models_measured": 0,
@@ -454,6 +456,7 @@ def evaluate(
         "bricks": bricks_out,
         "precision_check": check.to_dict(),
         "reuse": reuse,
+        "host": host,
         "excluded": excluded,
         **extra,
     }, check)

@@ -55,6 +55,9 @@ class BenchSummary:
     generate_s: float = 0.0
     wall_s: float = 0.0
     failures: list[dict[str, str]] = field(default_factory=list)
+    #: What else ran on the machine while timing (:meth:`HostLoad.to_dict`; None when
+    #: nothing was timed or the kernel does not say).
+    host: dict[str, float | bool] | None = None
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -308,8 +311,12 @@ def bench(
             status = f"opening sessions ({p.opened} of {p.total})" if p.phase == "opening" else f"round {p.rounds}"
             bar.update(done[0], eta_s=p.eta_s, status=status)
 
-        measure(engine_items, precision_groups(models, Gs, todo), config, on_result=on_result, jobs=jobs,
-                on_checkpoint=on_checkpoint, on_progress=on_progress)
+        engine = measure(engine_items, precision_groups(models, Gs, todo), config, on_result=on_result, jobs=jobs,
+                         on_checkpoint=on_checkpoint, on_progress=on_progress)
+        if engine.host is not None and engine_items:
+            summary.host = engine.host.to_dict()
+            if engine.host.busy and on_event is not None:
+                on_event(engine.host.describe())
         if probes:
             calibration.record(store, system_id, config_key, probes)
         summary.generate_s = sum(it.prep_s for it in engine_items)

@@ -88,9 +88,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_excluded(result: Mapping[str, Any]) -> None:
-    """Warn of each model the evaluation left out, and why."""
+    """Warn of each model the evaluation left out, and why, and of a busy machine."""
     for e in result.get("excluded", []):
         print_err(f"left out {e['name']}: {e['error']}")
+    host = result.get("host")
+    if host and host.get("busy"):
+        from dlbricks.timing.hostload import HostLoad
+
+        print_err(HostLoad.from_dict(host).describe())
 
 
 def render_evaluation(result: Mapping[str, Any]) -> str:

@@ -139,6 +139,11 @@ def _headline(pg: Sequence[Mapping[str, Any]], models: Sequence[Mapping[str, Any
             if check.get("results_unconverged"):
                 text += f"; {check['results_unconverged']} result(s) stopped at the round limit"
             items.append(text + "; marked ⚠ below, and `--remeasure-unstable` measures them again.</li>")
+    host = ev.get("host")
+    if host and host.get("busy"):
+        from dlbricks.timing.hostload import HostLoad
+
+        items.append(f'<li class="warn"><b>Busy machine</b>: {esc(HostLoad.from_dict(host).describe())}.</li>')
     return '<ul class="headline">' + "".join(items) + "</ul>"
 
 

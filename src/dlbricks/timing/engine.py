@@ -56,6 +56,7 @@ from dlbricks.errors import DlbricksError
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.engine_process import WorkerDied, WorkerProcess
 from dlbricks.timing.engine_worker import discarded_runs, eviction_bytes
+from dlbricks.timing.hostload import HostLoad, host_load, read_load
 from dlbricks.timing.runner import Failure, Measurement
 from dlbricks.timing.session import source_nbytes
 from dlbricks.timing.stats import numbered_rounds, summarize
@@ -188,6 +189,8 @@ class EngineSummary:
     converged_groups: int = 0
     groups: int = 0
     wall_s: float = 0.0
+    #: What else ran on the machine meanwhile (None where the kernel does not say).
+    host: HostLoad | None = None
 
 
 def t_quantile(df: float, level: float = _LEVEL) -> float:
@@ -1553,6 +1556,7 @@ class _Engine:
 
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()
+        load_before = read_load()
         budget = _memory_budget(self.config)
 
         def full() -> bool:
@@ -1591,6 +1595,8 @@ class _Engine:
                 if wk is not None:
                     wk.stop()
         self.summary.wall_s = time.perf_counter() - t_start
+        # Read after the workers were waited for: their CPU time is then this process's.
+        self.summary.host = host_load(load_before, read_load())
         return self.summary
 
 

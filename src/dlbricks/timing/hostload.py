@@ -1,0 +1,116 @@
+"""What else ran on the machine while the engine timed: other processes' CPU time and the
+hypervisor's steal, read from the kernel's counters around a run.
+
+The engine's rounds cancel a change of the core's speed, which hits bricks and whole
+models alike; they cannot cancel a neighbour's memory traffic, which slows a whole model
+(its weights and activations live in the shared last-level cache) and hardly its bricks
+(whose data stays in the core's own caches). On a 2-vCPU VM a process streaming through
+memory on the other CPU slowed ShuffleNet by 11% and its bricks by 1% (``bench/host_drift.py
+--neighbour``), so its normalized latency read 9% low. The run cannot see that traffic, but
+on Linux it can see the CPU time of whoever makes it, when that is a process of the same
+machine: the run then says so, and how busy the machine was, beside its results.
+
+Other processes' time is the machine's busy time (``/proc/stat``) less this process's and
+its waited-for children's (``os.times``): the engine's workers and opening processes are
+its children and are waited for before the second reading.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["BUSY_OTHER_CPUS", "BUSY_STEAL", "HostLoad", "LoadReading", "host_load", "read_load"]
+
+#: Other processes busier than this many CPUs on average make the run's figures suspect...
+BUSY_OTHER_CPUS = 0.3
+#: ...as does the hypervisor taking more than this share of the machine's CPU time.
+BUSY_STEAL = 0.05
+
+
+@dataclass(frozen=True)
+class LoadReading:
+    """The kernel's counters at one moment (seconds of CPU time, summed over CPUs)."""
+
+    wall_s: float
+    busy_s: float
+    steal_s: float
+    total_s: float
+    own_s: float
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """What ran beside a measurement, averaged over its ``seconds``."""
+
+    seconds: float
+    #: CPUs' worth of time other processes were busy (0.5: half a CPU on average).
+    other_cpus: float
+    #: The share of the machine's CPU time the hypervisor gave to other guests.
+    steal: float
+
+    @property
+    def busy(self) -> bool:
+        """Whether enough else ran to make the run's whole-model latencies suspect."""
+        return self.other_cpus >= BUSY_OTHER_CPUS or self.steal >= BUSY_STEAL
+
+    def to_dict(self) -> dict[str, float | bool]:
+        return {"seconds": self.seconds, "other_cpus": self.other_cpus, "steal": self.steal, "busy": self.busy}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> HostLoad:
+        """Back from :meth:`to_dict` (``busy`` is derived again)."""
+        return cls(float(d["seconds"]), float(d["other_cpus"]), float(d["steal"]))
+
+    def describe(self) -> str:
+        """One line for a warning."""
+        steal = f", the hypervisor took {self.steal:.0%} of its CPU time" if self.steal >= 0.005 else ""
+        return (f"the machine was busy while timing: other processes kept {self.other_cpus:.2f} CPUs busy "
+                f"on average over {self.seconds:.0f} s{steal}; a neighbour's memory traffic slows whole "
+                "models more than their bricks, so normalized latency may read low and not reproduce: "
+                "time on a quiet machine")
+
+
+def _stat_line(text: str) -> list[int] | None:
+    for line in text.splitlines():
+        if line.startswith("cpu "):
+            return [int(x) for x in line.split()[1:]]
+    return None
+
+
+def read_load(stat_path: str = "/proc/stat") -> LoadReading | None:
+    """The counters now, or None where the kernel does not offer them (not Linux, or a
+    container that hides ``/proc/stat``)."""
+    try:
+        with open(stat_path) as f:
+            fields = _stat_line(f.read())
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    if fields is None or len(fields) < 8 or tick <= 0:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+    busy = user + nice + system + irq + softirq  # guest time is inside user
+    own = os.times()
+    return LoadReading(
+        wall_s=time.monotonic(),
+        busy_s=busy / tick,
+        steal_s=steal / tick,
+        total_s=(busy + idle + iowait + steal) / tick,
+        own_s=own.user + own.system + own.children_user + own.children_system,
+    )
+
+
+def host_load(before: LoadReading | None, after: LoadReading | None) -> HostLoad | None:
+    """Other processes' load and the steal between two readings (None without both)."""
+    if before is None or after is None:
+        return None
+    seconds = after.wall_s - before.wall_s
+    total = after.total_s - before.total_s
+    if seconds <= 0 or total <= 0:
+        return None
+    others = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+    return HostLoad(seconds=seconds, other_cpus=max(0.0, others / seconds),
+                    steal=max(0.0, (after.steal_s - before.steal_s) / total))

@@ -235,6 +235,43 @@ def test_iobinding_outputs_equal_session_run_outputs(matmul_add):
     np.testing.assert_array_equal(bound.outputs()["y"], expected)
 
 
+def _counting(session):
+    """``session`` with its public run_with_iobinding counted (binding runs through it)."""
+    calls = []
+    run = session.run_with_iobinding
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return run(*args, **kwargs)
+
+    session.run_with_iobinding = counted
+    return calls
+
+
+@pytest.mark.parametrize(("op", "declared", "runs"), [
+    ("MatMul", [4, 8], 1),  # every output's shape known: bound up front, one run
+    ("MatMul", [5, 8], 2),  # a declared shape the model does not produce: bound from the first run
+    ("NonZero", [2, None], 2),  # a shape only a run tells: the same
+])
+def test_binding_runs_once_when_the_outputs_declare_their_shapes(op, declared, runs):
+    if op == "MatMul":
+        w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8], np.linspace(-1, 1, 64, dtype=np.float32))
+        model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", TensorProto.FLOAT, [4, 8])],
+                       [_vi("y", TensorProto.FLOAT, declared)], [w])
+    else:
+        model = _model([helper.make_node("NonZero", ["x"], ["y"])], [_vi("x", TensorProto.FLOAT, [4, 8])],
+                       [_vi("y", TensorProto.INT64, declared)])
+    session = create_session(model)
+    feeds = make_inputs(model, seed=1)
+    expected = session.run(None, feeds)[0]
+    calls = _counting(session)
+    bound = bind(session, feeds)
+    assert bound.bind_runs == len(calls) == runs
+    for _ in range(2):
+        bound.run()
+    np.testing.assert_array_equal(bound.outputs()["y"], expected)
+
+
 def test_runner_uses_given_inputs_and_rejects_unknown_names(matmul_add):
     with pytest.raises(DlbricksError, match="no input named"):
         Runner(RunnerConfig(**FAST)).time(matmul_add, inputs={"nope": np.zeros(1)})

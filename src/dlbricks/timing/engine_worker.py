@@ -327,7 +327,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 info = {
                     "slot": slot,
                     "setup_s": time.perf_counter() - t0,
-                    "warmup_runs": warm_runs + 2,  # bind runs the session twice
+                    "warmup_runs": warm_runs + bound.bind_runs,
                     "run_s": run_s,
                     "held": held_bytes(),
                     "io_binding": bound.uses_iobinding,

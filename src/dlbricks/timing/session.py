@@ -181,11 +181,14 @@ class BoundSession:
     """A session with its inputs and outputs bound once, ready to run repeatedly.
 
     Inputs live in pre-allocated ``OrtValue`` objects, at aligned addresses
-    (:func:`aligned_copy`), as a model's intermediate tensors are. After the first run the
-    produced outputs are bound back, so later runs write into the same buffers and
-    an iteration allocates nothing on the Python side. onnxruntime cannot bind
-    string tensors; a model with string inputs or outputs falls back to
-    ``session.run`` (``uses_iobinding`` is then False).
+    (:func:`aligned_copy`), as a model's intermediate tensors are. Outputs are bound to
+    buffers too, so every run writes into the same ones and an iteration allocates
+    nothing on the Python side: allocated up front when the session declares every
+    output's type and shape, so that binding costs one run (for a whole model of
+    seconds, one run fewer before its timing starts); otherwise those the first run
+    produced, bound back and checked by a second. onnxruntime cannot bind string
+    tensors; a model with string inputs or outputs falls back to ``session.run``
+    (``uses_iobinding`` is then False). ``bind_runs``: the runs binding took.
     """
 
     def __init__(self, session: onnxruntime.InferenceSession, feeds: Mapping[str, np.ndarray]):
@@ -209,22 +212,25 @@ class BoundSession:
         self._binding = session.io_binding()
         for name, value in self._values.items():
             self._binding.bind_ortvalue_input(name, value)
-        for name in self._out_names:
-            self._binding.bind_output(name, "cpu")
-        # First run through the public API, which validates that the binding belongs
+        # Runs go through the public API here, which validates that the binding belongs
         # to this session.
-        session.run_with_iobinding(self._binding)
-        produced = self._binding.get_outputs()
-        try:
-            self._binding.clear_binding_outputs()
-            for name, value in zip(self._out_names, produced):
-                self._binding.bind_ortvalue_output(name, value)
-            session.run_with_iobinding(self._binding)
-        except Exception:  # e.g. sequence outputs cannot be pre-bound: let ORT allocate
-            self._binding.clear_binding_outputs()
+        self.bind_runs = 1
+        if not self._bind_declared_outputs(session):
             for name in self._out_names:
                 self._binding.bind_output(name, "cpu")
             session.run_with_iobinding(self._binding)
+            produced = self._binding.get_outputs()
+            self.bind_runs = 2
+            try:
+                self._binding.clear_binding_outputs()
+                for name, value in zip(self._out_names, produced):
+                    self._binding.bind_ortvalue_output(name, value)
+                session.run_with_iobinding(self._binding)
+            except Exception:  # e.g. sequence outputs cannot be pre-bound: let ORT allocate
+                self._binding.clear_binding_outputs()
+                for name in self._out_names:
+                    self._binding.bind_output(name, "cpu")
+                session.run_with_iobinding(self._binding)
         # The public run_with_iobinding wraps the C++ call in WebGPU graph-capture
         # bookkeeping (several Python calls); on CPU the raw call does the same work,
         # so use it when available to keep Python off the clock.
@@ -236,6 +242,30 @@ class BoundSession:
         else:
             self.run_fn = session.run_with_iobinding
             self.run_args = (self._binding, None)
+
+    def _bind_declared_outputs(self, session: onnxruntime.InferenceSession) -> bool:
+        """Bind a new buffer to every output and run once, when the session declares
+        every output's tensor type and static shape; False (nothing bound) otherwise,
+        or when that run fails (a declared shape the model does not produce)."""
+        import onnxruntime as ort
+
+        from dlbricks.timing.inputs import ORT_TYPES
+
+        declared = []
+        for meta in session.get_outputs():
+            dtype = ORT_TYPES.get(meta.type)
+            shape = meta.shape
+            if dtype is None or dtype is np.str_ or not all(isinstance(d, int) and d >= 0 for d in shape):
+                return False
+            declared.append((meta.name, [int(d) for d in shape], dtype))
+        try:
+            for name, shape, dtype in declared:
+                self._binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype))
+            session.run_with_iobinding(self._binding)
+        except Exception:  # noqa: BLE001 - the other way binds what a run produces
+            self._binding.clear_binding_outputs()
+            return False
+        return True
 
     def run(self) -> None:
         """Run once (the timed loop inlines this call)."""
@@ -253,7 +283,8 @@ class BoundSession:
 
 
 def bind(session: onnxruntime.InferenceSession, feeds: Mapping[str, np.ndarray]) -> BoundSession:
-    """Bind ``feeds`` and the outputs of ``session`` (runs the session twice).
+    """Bind ``feeds`` and the outputs of ``session`` (runs the session once, or twice
+    where its outputs do not declare their shapes; see :class:`BoundSession`).
 
     Raises:
         DlbricksError: a run fails (bad input, kernel error).

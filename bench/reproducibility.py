@@ -6,8 +6,9 @@ settings. Reported per model: the normalized latency (reconstructed / end to end
 each run, its range (max - min), each run's 95% interval, and how far its two sides (the
 end-to-end latency in the rounds the bricks were measured in, which normalized latency
 divides by, and the reconstructed latency) each moved between runs, so that a miss names
-its side; and over all (model, run, other run) triples, the share of intervals that
-cover the other runs' point estimates, beside the share that exactly calibrated 95%
+its side, and what else ran on the machine in each run (``host``); and over all (model,
+run, other run) triples, the share of intervals that cover the other runs' point
+estimates, beside the share that exactly calibrated 95%
 intervals of the same widths would cover (about 83% for equal widths: the other run's
 estimate has an error of its own), so that a miss says whether the intervals are too
 narrow or the target asks more of them than calibration gives.
@@ -77,9 +78,11 @@ def main() -> None:
                              "e2e_same_rounds_ms": m["per_g"]["1"]["e2e_same_rounds_s"] * 1e3,
                               "reconstructed_ms": seq["latency_s"] * 1e3}
         runs.append({"evaluate_s": wall, "models": row, "call_overhead_ns": result.get("call_overhead_ns"),
-                     "graph": result.get("graph")})
+                     "graph": result.get("graph"), "host": result.get("host")})
+        host = result.get("host") or {}
+        load = f", other processes {host['other_cpus']:.2f} CPUs" if host else ""
         print(f"run {r + 1} ({wall:.0f} s, {result.get('graph')} graph, call overhead "
-              f"{(result.get('call_overhead_ns') or 0) / 1e3:.2f} us): " + ", ".join(
+              f"{(result.get('call_overhead_ns') or 0) / 1e3:.2f} us{load}): " + ", ".join(
             f"{n} {v['normalized']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] (e2e {v['e2e_ms']:.2f} ms)" for n, v in row.items()),
             flush=True)
     names = list(runs[0]["models"])
@@ -123,6 +126,9 @@ def main() -> None:
         "met": {"range": worst <= 0.03, "coverage": coverage >= 0.9},
         "evaluate_s": [r["evaluate_s"] for r in runs],
         "call_overhead_ns": [r["call_overhead_ns"] for r in runs],
+        # What else ran on the machine in each run (evaluate's ``host``): a busy run
+        # names a cause a miss can have.
+        "host": [r["host"] for r in runs],
         "graph": runs[0]["graph"] if runs else None,
     }))
 

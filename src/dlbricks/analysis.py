@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.errors import DlbricksError, ModelError, UsageError
+from dlbricks.errors import DlbricksError, ModelError, UsageError, warn
 from dlbricks.model import Model, name_distinctly
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -251,8 +251,8 @@ def render_analysis(result: dict, errors: Sequence[dict[str, str]] = ()) -> str:
     return console.export_text()
 
 
-def print_err(line: str) -> None:
-    print(f"dlbricks: warning: {line}", file=sys.stderr)
+#: A warning line on stderr (the name this module's callers use).
+print_err = warn
 
 
 def print_info(line: str) -> None:

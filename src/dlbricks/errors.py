@@ -1,8 +1,11 @@
-"""The exceptions dlbricks raises for what a user can fix (the CLI turns them into one line and an exit code)."""
+"""The exceptions dlbricks raises for what a user can fix (the CLI turns them into one
+line and an exit code), and the one way it warns on stderr."""
 
 from __future__ import annotations
 
-__all__ = ["DlbricksError", "ModelError", "UsageError", "first_line"]
+import sys
+
+__all__ = ["DlbricksError", "ModelError", "UsageError", "first_line", "warn"]
 
 
 class DlbricksError(Exception):
@@ -22,3 +25,8 @@ def first_line(exc: BaseException) -> str:
     onnxruntime's messages run on for pages, and a user-facing error is one line."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def warn(message: str) -> None:
+    """One ``dlbricks: warning:`` line on stderr (what a command goes on despite)."""
+    print(f"dlbricks: warning: {message}", file=sys.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlbricks.cpuset import parse_ranges, usable_cpus
-from dlbricks.errors import DlbricksError, UsageError
+from dlbricks.errors import DlbricksError, UsageError, warn
 from dlbricks.files import write_atomically
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -203,10 +203,6 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def warn(message: str) -> None:
-    print(f"dlbricks: warning: {message}", file=sys.stderr)
 
 
 def add_store_arg(p: argparse.ArgumentParser) -> None:

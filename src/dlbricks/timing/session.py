@@ -205,6 +205,7 @@ class BoundSession:
         self.uses_iobinding = not has_strings
         if has_strings:
             self._last: list[Any] = session.run(None, arrays)
+            self.bind_runs = 1
             self.run_fn: Any = session.run
             self.run_args: tuple[Any, Any] = (None, arrays)
             return
@@ -212,25 +213,9 @@ class BoundSession:
         self._binding = session.io_binding()
         for name, value in self._values.items():
             self._binding.bind_ortvalue_input(name, value)
-        # Runs go through the public API here, which validates that the binding belongs
-        # to this session.
-        self.bind_runs = 1
+        self.bind_runs = 0
         if not self._bind_declared_outputs(session):
-            for name in self._out_names:
-                self._binding.bind_output(name, "cpu")
-            session.run_with_iobinding(self._binding)
-            produced = self._binding.get_outputs()
-            self.bind_runs = 2
-            try:
-                self._binding.clear_binding_outputs()
-                for name, value in zip(self._out_names, produced):
-                    self._binding.bind_ortvalue_output(name, value)
-                session.run_with_iobinding(self._binding)
-            except Exception:  # e.g. sequence outputs cannot be pre-bound: let ORT allocate
-                self._binding.clear_binding_outputs()
-                for name in self._out_names:
-                    self._binding.bind_output(name, "cpu")
-                session.run_with_iobinding(self._binding)
+            self._bind_produced_outputs(session)
         # The public run_with_iobinding wraps the C++ call in WebGPU graph-capture
         # bookkeeping (several Python calls); on CPU the raw call does the same work,
         # so use it when available to keep Python off the clock.
@@ -261,11 +246,37 @@ class BoundSession:
         try:
             for name, shape, dtype in declared:
                 self._binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype))
-            session.run_with_iobinding(self._binding)
+            self._bind_run(session)
         except Exception:  # noqa: BLE001 - the other way binds what a run produces
             self._binding.clear_binding_outputs()
             return False
         return True
+
+    def _bind_produced_outputs(self, session: onnxruntime.InferenceSession) -> None:
+        """Bind the outputs a first run produced, checked by a second; where they cannot
+        be bound back (e.g. sequence outputs), let onnxruntime allocate them per run."""
+        self._bind_outputs_to_cpu()
+        self._bind_run(session)
+        produced = self._binding.get_outputs()
+        try:
+            self._binding.clear_binding_outputs()
+            for name, value in zip(self._out_names, produced):
+                self._binding.bind_ortvalue_output(name, value)
+            self._bind_run(session)
+        except Exception:
+            self._binding.clear_binding_outputs()
+            self._bind_outputs_to_cpu()
+            self._bind_run(session)
+
+    def _bind_outputs_to_cpu(self) -> None:
+        for name in self._out_names:
+            self._binding.bind_output(name, "cpu")
+
+    def _bind_run(self, session: onnxruntime.InferenceSession) -> None:
+        # Through the public API, which validates that the binding belongs to this
+        # session; ``bind_runs`` counts the runs that completed.
+        session.run_with_iobinding(self._binding)
+        self.bind_runs += 1
 
     def run(self) -> None:
         """Run once (the timed loop inlines this call)."""

@@ -65,6 +65,7 @@ class SyntheticWorker:
                                                       "held": self._held}))
         elif op == "round":
             out, probes = {}, {}
+            read_cache = len(msg) > 2 and msg[2]
             f = self.speed(self.round_no)
             for item_id, k, _ in msg[1]:
                 spec, slot = self.specs[item_id]
@@ -90,7 +91,10 @@ class SyntheticWorker:
                 self.bursts.setdefault(item_id, []).append(k)
             self.round_no += 1
             wall = sum(sum(v) for v in out.values()) * 1e-9
-            self._replies.append(("round", out, wall, probes) if probes else ("round", out, wall))
+            if read_cache:  # the shared-cache probe's reading: 2.00, 2.01, ... by round
+                self._replies.append(("round", out, wall, probes, 2.0 + 0.01 * (self.round_no - 1)))
+            else:
+                self._replies.append(("round", out, wall, probes) if probes else ("round", out, wall))
         elif op == "close":
             self.live.difference_update(msg[1])
             self._held -= sum(self.specs[i][0].get("held", 0) for i in msg[1])
@@ -1083,7 +1087,7 @@ class _Logged(SyntheticWorker):
 
     def send(self, msg):
         if msg is not None:
-            self.log.append(("send", self.name, msg[0], self.cpus))
+            self.log.append(("send", self.name, msg[0], self.cpus, msg[0] == "round" and bool(msg[2])))
         if msg is not None and msg[0] == "pin":
             self.cpus = msg[1]
             self._replies.append(("pinned",))
@@ -1128,6 +1132,10 @@ def test_sessions_are_built_on_a_spare_cpu_too_and_timed_one_process_at_a_time(m
         if op == "round":
             out += 1 if ev == "send" else -1
             assert out <= 1
+    # One shared-cache reading per round, by the lane's first process with sessions in it.
+    assert sum(e[4] for e in rounds) == summary.rounds
+    if summary.host is not None:  # Linux
+        assert summary.host.shared_cache is not None and 2.0 <= summary.host.shared_cache[1] <= 2.01
 
 
 def test_each_lane_gets_its_own_opening_process_and_lanes_run_at_once(monkeypatch):
@@ -1140,6 +1148,7 @@ def test_each_lane_gets_its_own_opening_process_and_lanes_run_at_once(monkeypatc
             out += 1 if ev == "send" else -1
             most = max(most, out)
     assert most == 2  # one round out per lane
+    assert sum(e[4] for e in log if e[0] == "send" and e[2] == "round") == 2 * summary.rounds
 
 
 def test_opening_costs_sum_to_the_wall_time_it_took():
@@ -1350,3 +1359,4 @@ def test_a_worker_whose_parent_is_gone_before_its_configuration_ends_quietly(tmp
         signal.signal(signal.SIGINT, sigint)
         os.close(from_worker_r)
     assert "Traceback" not in capsys.readouterr().err
+

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dlbricks.timing.hostload import BUSY_OTHER_CPUS, BUSY_STEAL, HostLoad, LoadReading, host_load, read_load
@@ -42,6 +44,35 @@ def test_a_run_is_busy_when_others_or_the_hypervisor_took_enough(other, steal, b
     load = HostLoad(seconds=8.0, other_cpus=other, steal=steal)
     assert load.busy is busy
     assert HostLoad.from_dict(json.loads(json.dumps(load.to_dict()))) == load
+
+
+def test_the_shared_cache_readings_are_summarized_and_kept_in_the_json():
+    load = host_load(_reading(0.0, 0.0, 0.0), _reading(10.0, 1.0, 1.0), [2.5, 2.0, 3.4])
+    assert load is not None and load.shared_cache == (2.5, 2.0, 3.4)
+    d = json.loads(json.dumps(load.to_dict()))
+    assert d["shared_cache"] == 2.5 and d["shared_cache_range"] == [2.0, 3.4]
+    assert HostLoad.from_dict(d) == load
+    assert "shared_cache" not in host_load(_reading(0.0, 0.0, 0.0), _reading(10.0, 1.0, 1.0)).to_dict()
+
+
+def test_the_shared_cache_probe_reads_more_when_its_buffer_left_the_cache():
+    from dlbricks.roofline.peaks import data_cache_bytes
+    from dlbricks.timing.cacheprobe import SharedCacheProbe, probe_nbytes
+
+    class Evicted(SharedCacheProbe):
+        # What a neighbour streaming through memory does while the core waits.
+        stream = np.ones(2 * min(data_cache_bytes() or 32 << 20, 64 << 20), dtype=np.uint8)
+
+        def _wait(self) -> None:
+            np.add.reduce(self.stream[::64])
+
+    nbytes = probe_nbytes()
+    assert nbytes >= 64
+    cached = SharedCacheProbe(nbytes, idle_s=0.0)
+    evicted = Evicted(nbytes)
+    quiet = statistics.median(cached.read() for _ in range(9))
+    streamed = statistics.median(evicted.read() for _ in range(9))
+    assert 0.5 < quiet < streamed and streamed > 1.2 * quiet, (quiet, streamed)
 
 
 def test_the_warning_names_the_load_and_the_steal_only_when_there_is_some():
@@ -81,6 +112,9 @@ def test_a_real_run_counts_a_busy_neighbour_and_not_its_own_workers():
         items = [EngineItem(f"mm{n}", _matmul_model(n, f"mm{n}"), label=f"mm{n}") for n in (64, 128)]
         summary = measure(items, [], RunnerConfig(min_span_s=1.5), on_result=lambda it, r: None)
         assert summary.measured == 2 and summary.host is not None
+        assert summary.host.shared_cache is not None  # one reading a round
+        med, lo, hi = summary.host.shared_cache
+        assert 0.0 < lo <= med <= hi
         return summary.host
 
     # Alone, the workers' time (a CPU's worth while rounds run) is the run's own.
@@ -110,13 +144,13 @@ def test_a_busy_machine_is_in_evaluates_json_its_warnings_and_the_report(tmp_pat
     onnx.save(chain_model(2), str(path))
     store = str(tmp_path / "s.sqlite")
     # A quiet machine: the load is reported, nothing is said.
-    monkeypatch.setattr(engine, "host_load", lambda before, after: HostLoad(3.0, 0.01, 0.0))
+    monkeypatch.setattr(engine, "host_load", lambda *readings: HostLoad(3.0, 0.01, 0.0))
     assert main(["evaluate", str(path), "-G", "1", "--store", store, "--json", "--bootstrap", "20", *FAST_CLI]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["host"] == {"seconds": 3.0, "other_cpus": 0.01, "steal": 0.0, "busy": False}
     assert "busy" not in captured.err
     # A busy one: a warning, the JSON says so, and so does the report.
-    monkeypatch.setattr(engine, "host_load", lambda before, after: HostLoad(3.0, 0.9, 0.0))
+    monkeypatch.setattr(engine, "host_load", lambda *readings: HostLoad(3.0, 0.9, 0.0))
     assert main(["evaluate", str(path), "-G", "1", "--store", str(tmp_path / "t.sqlite"), "--json",
                  "--bootstrap", "20", *FAST_CLI]) == 0
     captured = capsys.readouterr()
@@ -139,7 +173,7 @@ def test_bench_says_when_the_machine_was_busy(tmp_path: Path, capsys, monkeypatc
 
     path = tmp_path / "chain.onnx"
     onnx.save(chain_model(2), str(path))
-    monkeypatch.setattr(engine, "host_load", lambda before, after: HostLoad(2.0, 0.0, 0.08))
+    monkeypatch.setattr(engine, "host_load", lambda *readings: HostLoad(2.0, 0.0, 0.08))
     assert main(["bench", str(path), "-G", "1", "--store", str(tmp_path / "s.sqlite"), "--json", *FAST_CLI]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["host"]["steal"] == 0.08

@@ -1084,6 +1084,8 @@ class _Engine:
         self.done = 0
         #: Rounds run so far: numbers each track's rounds.
         self.rounds_run = 0
+        #: The shared-cache probe's readings, one per lane and round (:mod:`dlbricks.timing.cacheprobe`).
+        self.cache_readings: list[float] = []
         # For the progress estimate: sessions opened and the wall time that took, and
         # the time a round costs beyond its workers' (planning, results, checkpoints).
         self.opened = 0
@@ -1318,13 +1320,15 @@ class _Engine:
         for w in sorted(plans):
             expected[w] = sum((k + 1) * self.tracks[i].median * 1e-9 for i, k, _ in plans[w])
             queued.setdefault(self.proc_lane[w], []).append(w)
+        # One shared-cache reading per lane and round, by its first process.
+        reads_cache = {ws[0] for ws in queued.values()}
         lane_s: dict[int, float] = {}
         running: list[int] = []
 
         def start_next(lane: int) -> None:
             if queued[lane]:
                 w = queued[lane].pop(0)
-                self.worker(w).send(("round", plans[w]))
+                self.worker(w).send(("round", plans[w], w in reads_cache))
                 running.append(w)
 
         for lane in queued:
@@ -1348,6 +1352,8 @@ class _Engine:
                 continue
             times, wall_s = msg[1], msg[2]
             probes: Mapping[str, float] = msg[3] if len(msg) > 3 else {}
+            if len(msg) > 4 and msg[4] is not None:
+                self.cache_readings.append(float(msg[4]))
             lane_s[lane] = lane_s.get(lane, 0.0) + wall_s
             start_next(lane)
             total = sum(sum(v) for v in times.values()) or 1
@@ -1596,7 +1602,7 @@ class _Engine:
                     wk.stop()
         self.summary.wall_s = time.perf_counter() - t_start
         # Read after the workers were waited for: their CPU time is then this process's.
-        self.summary.host = host_load(load_before, read_load())
+        self.summary.host = host_load(load_before, read_load(), self.cache_readings)
         return self.summary
 
 

@@ -11,10 +11,12 @@ Protocol (pickled tuples over a pipe, one reply per request):
 - ``("open", id, source, int_bounds, seed, slot)`` -> ``("opened", id, info)`` or
   ``("failed", id, message)``: create and bind a session (``source`` is serialized
   model bytes or a path), warm it up until its run time settles.
-- ``("round", [(id, k, warm), ...])`` -> ``("round", {id: [ns, ...]}, wall_s, {id: probe_ns})``:
-  give every listed session ``k`` timed runs, in the order the cache state asks for;
-  ``probe_ns`` is the speed probe's reading around the session's burst (its cold
-  runs): :class:`_SpeedReadings`.
+- ``("round", [(id, k, warm), ...], read_cache)`` ->
+  ``("round", {id: [ns, ...]}, wall_s, {id: probe_ns}, cache_reading)``: give every
+  listed session ``k`` timed runs, in the order the cache state asks for; ``probe_ns``
+  is the speed probe's reading around the session's burst (its cold runs):
+  :class:`_SpeedReadings`; ``cache_reading`` the shared-cache probe's after the round
+  (:mod:`dlbricks.timing.cacheprobe`) when ``read_cache``, else None.
 - ``("pin", cpus)`` -> ``("pinned",)`` or ``("failed", None, message)``: move to those
   CPUs to build sessions while no round runs, or back to the configured cores (``cpus``
   None) to time them.
@@ -277,6 +279,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     from dataclasses import replace
 
     from dlbricks.errors import DlbricksError
+    from dlbricks.timing.cacheprobe import SharedCacheProbe
     from dlbricks.timing.config import RunnerConfig
     from dlbricks.timing.fpenv import FloatEnv, count_denormals
     from dlbricks.timing.heap import held_bytes
@@ -303,6 +306,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
 
     speed = _SpeedReadings(lambda: min(timed_runs(probe(), _PROBE_RUNS, clock=clock)))
     evictor = _Evictor(eviction_bytes(), lambda: probe().run())
+    cache_probe = SharedCacheProbe()
 
     def handle(msg: tuple[Any, ...]) -> tuple[Any, ...]:
         op = msg[0]
@@ -344,6 +348,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                 beacon.set(-1)
         elif op == "round":
             plan: list[tuple[str, int, bool]] = msg[1]
+            read_cache = bool(msg[2]) if len(msg) > 2 else False
             out: dict[str, list[int]] = {item_id: [] for item_id, _, _ in plan}
             probes: dict[str, list[int]] = {item_id: [] for item_id, _, _ in plan}
             t0 = time.perf_counter()
@@ -383,7 +388,8 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
             beacon.set(-1)
             wall_s = time.perf_counter() - t0
             speed.take()  # the second reading of the round's last bursts, off its clock
-            return ("round", out, wall_s, {i: statistics.median(v) for i, v in probes.items() if v})
+            cache_reading = cache_probe.read() if read_cache else None
+            return ("round", out, wall_s, {i: statistics.median(v) for i, v in probes.items() if v}, cache_reading)
         elif op == "pin":
             # To CPUs where sessions are built while no round runs, or home (None).
             try:

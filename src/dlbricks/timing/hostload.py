@@ -18,9 +18,10 @@ its children and are waited for before the second reading.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 __all__ = ["BUSY_OTHER_CPUS", "BUSY_STEAL", "HostLoad", "LoadReading", "host_load", "read_load"]
 
@@ -50,19 +51,33 @@ class HostLoad:
     other_cpus: float
     #: The share of the machine's CPU time the hypervisor gave to other guests.
     steal: float
+    #: The shared-cache probe over the run's rounds (:mod:`dlbricks.timing.cacheprobe`):
+    #: median, lowest and highest reading; None where no round read it. What other
+    #: tenants' memory traffic, which no counter here shows, took from the cache.
+    shared_cache: tuple[float, float, float] | None = None
 
     @property
     def busy(self) -> bool:
         """Whether enough else ran to make the run's whole-model latencies suspect."""
         return self.other_cpus >= BUSY_OTHER_CPUS or self.steal >= BUSY_STEAL
 
-    def to_dict(self) -> dict[str, float | bool]:
-        return {"seconds": self.seconds, "other_cpus": self.other_cpus, "steal": self.steal, "busy": self.busy}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"seconds": self.seconds, "other_cpus": self.other_cpus, "steal": self.steal,
+                               "busy": self.busy}
+        if self.shared_cache is not None:
+            med, lo, hi = self.shared_cache
+            out["shared_cache"] = med
+            out["shared_cache_range"] = [lo, hi]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> HostLoad:
         """Back from :meth:`to_dict` (``busy`` is derived again)."""
-        return cls(float(d["seconds"]), float(d["other_cpus"]), float(d["steal"]))
+        cache = None
+        if d.get("shared_cache") is not None:
+            lo, hi = d.get("shared_cache_range") or (d["shared_cache"], d["shared_cache"])
+            cache = (float(d["shared_cache"]), float(lo), float(hi))
+        return cls(float(d["seconds"]), float(d["other_cpus"]), float(d["steal"]), cache)
 
     def describe(self) -> str:
         """One line for a warning."""
@@ -103,8 +118,10 @@ def read_load(stat_path: str = "/proc/stat") -> LoadReading | None:
     )
 
 
-def host_load(before: LoadReading | None, after: LoadReading | None) -> HostLoad | None:
-    """Other processes' load and the steal between two readings (None without both)."""
+def host_load(before: LoadReading | None, after: LoadReading | None,
+              cache_readings: Sequence[float] = ()) -> HostLoad | None:
+    """Other processes' load and the steal between two readings (None without both),
+    with the shared-cache probe's ``cache_readings`` taken meanwhile."""
     if before is None or after is None:
         return None
     seconds = after.wall_s - before.wall_s
@@ -112,5 +129,6 @@ def host_load(before: LoadReading | None, after: LoadReading | None) -> HostLoad
     if seconds <= 0 or total <= 0:
         return None
     others = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+    cache = (statistics.median(cache_readings), min(cache_readings), max(cache_readings)) if cache_readings else None
     return HostLoad(seconds=seconds, other_cpus=max(0.0, others / seconds),
-                    steal=max(0.0, (after.steal_s - before.steal_s) / total))
+                    steal=max(0.0, (after.steal_s - before.steal_s) / total), shared_cache=cache)

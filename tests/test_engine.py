@@ -1360,3 +1360,21 @@ def test_a_worker_whose_parent_is_gone_before_its_configuration_ends_quietly(tmp
         os.close(from_worker_r)
     assert "Traceback" not in capsys.readouterr().err
 
+
+def test_a_worker_whose_parent_is_gone_removes_its_beacon_and_exits():
+    import os
+
+    from dlbricks.timing.engine_process import _CLOSE, WorkerProcess
+
+    wk = WorkerProcess(RunnerConfig(cache_state="warm"), 60.0)
+    path = wk._beacon_path
+    try:
+        assert os.path.exists(path)
+        # What a parent killed with -9 leaves: the end of its pipe, no "stop".
+        wk._outbox.put(_CLOSE)
+        wk._sender.join(5.0)
+        wk.tx.close()
+        assert wk.proc.wait(60.0) == 0
+        assert not os.path.exists(path)
+    finally:
+        wk.kill()

@@ -419,6 +419,10 @@ def main(argv: list[str]) -> int:
     # started), nobody is left to answer, and its user must not see a traceback of ours.
     with contextlib.suppress(BrokenPipeError, EOFError):
         serve(_Duplex(conn_in, conn_out), _Beacon(beacon_path))  # type: ignore[arg-type]
+    # Told to stop, or the parent is gone (killed: it cannot remove the file itself).
+    # The parent reads the beacon only after a worker died without getting here.
+    with contextlib.suppress(OSError):
+        os.unlink(beacon_path)
     return 0
 
 

@@ -729,6 +729,8 @@ def test_real_workers_measure_sessions_from_bytes(cache_state):
         # Every round has its speed reading, and the rounds are brought to the run's mix
         # of readings (its reference depends on the session's slope, not on the session).
         assert len(m.round_probes_ns) == m.rounds and min(m.round_probes_ns) > 0
+        # And its lane's shared-cache reading (one lane: the same in every result).
+        assert len(m.round_shared_cache) == m.rounds and min(m.round_shared_cache) > 0
         assert 0.0 <= m.speed_slope <= 1.5
         readings = [p for n2 in (64, 256, 512) for p in results[f"mm{n2}"].round_probes_ns]
         assert min(readings) <= m.speed_ref_ns <= max(readings)
@@ -839,6 +841,10 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint():
                       on_result=lambda it, r: results.__setitem__(it.id, r), worker_factory=factory)
     assert summary.rounds == 3  # only the rounds the first run had not done
     assert all(r.rounds == 6 for r in results.values())
+    # Each round keeps its shared-cache reading across the interruption.
+    assert all(len(s["round_cache"]) == 3 and min(s["round_cache"]) >= 2.0 for s in states.values())
+    assert all(r.round_shared_cache[:3] == states[i]["round_cache"] and len(r.round_shared_cache) == 6
+               for i, r in results.items())
 
 
 def test_huge_pages_ask_glibc_for_them_in_the_worker_and_key_results():
@@ -1132,8 +1138,11 @@ def test_sessions_are_built_on_a_spare_cpu_too_and_timed_one_process_at_a_time(m
         if op == "round":
             out += 1 if ev == "send" else -1
             assert out <= 1
-    # One shared-cache reading per round, by the lane's first process with sessions in it.
+    # One shared-cache reading per round, by the lane's first process with sessions in it,
+    # kept with every session of the lane measured in that round.
     assert sum(e[4] for e in rounds) == summary.rounds
+    for r in results.values():
+        assert len(r.round_shared_cache) == r.rounds and min(r.round_shared_cache) >= 2.0, r.round_shared_cache
     if summary.host is not None:  # Linux
         assert summary.host.shared_cache is not None and 2.0 <= summary.host.shared_cache[1] <= 2.01
 

@@ -238,6 +238,8 @@ class _Track:
     burst_vars: list[float] = field(default_factory=list)
     #: The speed probe's reading in each round (parallel to ``round_medians``; 0: none).
     round_probes: list[float] = field(default_factory=list)
+    #: The shared-cache probe's reading in each round (parallel to ``round_medians``; 0: none).
+    round_cache: list[float] = field(default_factory=list)
     #: The run's speed reference, shared by every track (see :class:`_Speed`).
     speed: _Speed | None = field(default=None, repr=False)
     _cache: tuple[tuple[int, int, int], tuple[float, float]] | None = field(default=None, repr=False)
@@ -369,7 +371,8 @@ class _Track:
         if len(times) > _CHECKPOINT_TIMES:
             step = len(times) / _CHECKPOINT_TIMES
             times = [times[int(i * step)] for i in range(_CHECKPOINT_TIMES)]
-        return {"round_medians": self.round_medians, "round_probes": self.round_probes, "times": times,
+        return {"round_medians": self.round_medians, "round_probes": self.round_probes,
+                "round_cache": self.round_cache, "times": times,
                 "sampling_s": self.sampling_s,
                 "setup_s": self.setup_s, "prep_s": self.item.prep_s, "needed_s": self.needed_s}
 
@@ -379,6 +382,8 @@ class _Track:
             self.first_round_t = -math.inf  # its rounds ran in another process, long ago
         probes = [float(x) for x in state.get("round_probes", ())]
         self.round_probes = probes if len(probes) == len(self.round_medians) else [0.0] * len(self.round_medians)
+        cache = [float(x) for x in state.get("round_cache", ())]
+        self.round_cache = cache if len(cache) == len(self.round_medians) else [0.0] * len(self.round_medians)
         self.times = [int(x) for x in state.get("times", ())]
         self.sampling_s = float(state.get("sampling_s", 0.0))
         self.setup_s = float(state.get("setup_s", 0.0))
@@ -933,6 +938,7 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_facto
         rounds=r,
         round_medians_ns=[float(x) for x in meds],
         round_probes_ns=list(track.round_probes),
+        round_shared_cache=list(track.round_cache),
         speed_slope=track.slope(),
         speed_ref_ns=track.reference(track.slope()),
         median_se_ns=se,
@@ -1322,6 +1328,7 @@ class _Engine:
             queued.setdefault(self.proc_lane[w], []).append(w)
         # One shared-cache reading per lane and round, by its first process.
         reads_cache = {ws[0] for ws in queued.values()}
+        cache_by_lane: dict[int, float] = {}
         lane_s: dict[int, float] = {}
         running: list[int] = []
 
@@ -1354,6 +1361,7 @@ class _Engine:
             probes: Mapping[str, float] = msg[3] if len(msg) > 3 else {}
             if len(msg) > 4 and msg[4] is not None:
                 self.cache_readings.append(float(msg[4]))
+                cache_by_lane[lane] = float(msg[4])
             lane_s[lane] = lane_s.get(lane, 0.0) + wall_s
             start_next(lane)
             total = sum(sum(v) for v in times.values()) or 1
@@ -1367,6 +1375,7 @@ class _Engine:
                 med = float(np.median(ts))
                 t.round_medians.append(med)
                 t.round_probes.append(float(probes.get(item_id, 0.0)))
+                t.round_cache.append(cache_by_lane.get(lane, 0.0))
                 t.round_nos.append(self.rounds_run)
                 t.round_ks.append(len(ts))
                 if len(ts) >= _MIN_BURST_RUNS and med > 0:

@@ -70,6 +70,8 @@ class Measurement:
             their spread is the uncertainty of the result, drift between rounds included.
         round_probes_ns: the speed probe's reading in each round (0: none), from which
             the round medians as read are recovered.
+        round_shared_cache: the shared-cache probe's reading in each round (0: none;
+            :mod:`dlbricks.timing.cacheprobe`).
         speed_slope: how the session's run time follows the probe's (log on log; 0:
             round medians as read).
         speed_ref_ns: the probe reading the rounds were brought to: the one whose power
@@ -112,6 +114,7 @@ class Measurement:
     rounds: int = 0
     round_medians_ns: list[float] = field(default_factory=list)
     round_probes_ns: list[float] = field(default_factory=list)
+    round_shared_cache: list[float] = field(default_factory=list)
     speed_slope: float = 0.0
     speed_ref_ns: float = 0.0
     median_se_ns: float = 0.0
@@ -177,6 +180,7 @@ class Measurement:
             "rounds": self.rounds,
             "round_medians_ns": list(self.round_medians_ns),
             "round_probes_ns": list(self.round_probes_ns),
+            "round_shared_cache": list(self.round_shared_cache),
             "speed_slope": self.speed_slope,
             "speed_ref_ns": self.speed_ref_ns,
             "median_se_ns": self.median_se_ns,
@@ -221,6 +225,7 @@ class Measurement:
             rounds=int(d.get("rounds", 0)),
             round_medians_ns=[float(x) for x in d.get("round_medians_ns", ())],
             round_probes_ns=[float(x) for x in d.get("round_probes_ns", ())],
+            round_shared_cache=[float(x) for x in d.get("round_shared_cache", ())],
             speed_slope=float(d.get("speed_slope", 0.0)),
             speed_ref_ns=float(d.get("speed_ref_ns", 0.0)),
             median_se_ns=float(d.get("median_se_ns", 0.0)),

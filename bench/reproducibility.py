@@ -6,7 +6,10 @@ settings. Reported per model: the normalized latency (reconstructed / end to end
 each run, its range (max - min), each run's 95% interval, and how far its two sides (the
 end-to-end latency in the rounds the bricks were measured in, which normalized latency
 divides by, and the reconstructed latency) each moved between runs, so that a miss names
-its side, and what else ran on the machine in each run (``host``); and over all (model,
+its side, and what else ran on the machine in each run (``host``: other processes' CPU
+time, and the shared-cache probe's median reading, which sees other tenants' memory
+traffic; with five runs or more, each model's end-to-end latency's correlation with that
+reading over the runs, ``e2e_vs_shared_cache``); and over all (model,
 run, other run) triples, the share of intervals that cover the other runs' point
 estimates, beside the share that exactly calibrated 95%
 intervals of the same widths would cover (about 83% for equal widths: the other run's
@@ -81,6 +84,8 @@ def main() -> None:
                      "graph": result.get("graph"), "host": result.get("host")})
         host = result.get("host") or {}
         load = f", other processes {host['other_cpus']:.2f} CPUs" if host else ""
+        if host.get("shared_cache") is not None:
+            load += f", shared cache {host['shared_cache']:.2f}"
         print(f"run {r + 1} ({wall:.0f} s, {result.get('graph')} graph, call overhead "
               f"{(result.get('call_overhead_ns') or 0) / 1e3:.2f} us{load}): " + ", ".join(
             f"{n} {v['normalized']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] (e2e {v['e2e_ms']:.2f} ms)" for n, v in row.items()),
@@ -106,12 +111,20 @@ def main() -> None:
             "relative_range": {side: _relative_range([run["models"][n][key] for run in runs])
                                for side, key in (("end_to_end", "e2e_same_rounds_ms"), ("reconstructed", "reconstructed_ms"))},
         }
+    cache = [(r["host"] or {}).get("shared_cache") for r in runs]
+    if len(runs) >= 5 and all(c is not None for c in cache):
+        from scipy.stats import pearsonr
+
+        for v in per_model.values():
+            v["e2e_vs_shared_cache"] = float(pearsonr(cache, v["e2e_ms"]).statistic)
     worst = max(v["range"] for v in per_model.values())
     coverage = covered / total if total else float("nan")
     for n, v in per_model.items():
         rr = v["relative_range"]
+        corr = (f"; end to end vs the shared-cache reading over the runs: correlation {v['e2e_vs_shared_cache']:.2f}"
+                if "e2e_vs_shared_cache" in v else "")
         print(f"{n}: range {v['range']:.3f}; between runs, end to end moved {rr['end_to_end']:.1%}, "
-              f"reconstructed {rr['reconstructed']:.1%}")
+              f"reconstructed {rr['reconstructed']:.1%}{corr}")
     calibrated = _calibrated_coverage(per_model)
     print(f"largest range of normalized latency: {worst:.3f} (target <= 0.03); "
           f"intervals covering the other runs' estimates: {coverage:.0%} (target >= 90%; "

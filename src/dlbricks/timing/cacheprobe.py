@@ -11,7 +11,8 @@ A reading: a buffer of four times the core's L2 cache (so it lives in the last-l
 cache) is read, the core spins for :data:`IDLE_S` touching nothing, and the buffer is
 read again, timed; then twice more, right away. The reading is the timed read after the
 wait over the faster of the two right after it: 1 when nothing took the buffer from the
-cache meanwhile, up to DRAM's time over the cache's when everything did. Being a ratio
+cache meanwhile, DRAM's time over the cache's when everything did (about 2 here), and more
+when the others' traffic also slows DRAM (up to 6 here). Being a ratio
 of two reads a few microseconds apart, it does not depend on the core's speed at the time.
 Measured beside ShuffleNet on a 2-vCPU EPYC VM (5 s windows, 100 s, no other process
 on the VM): its window medians and ShuffleNet's moved together with a correlation of

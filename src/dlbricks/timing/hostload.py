@@ -6,9 +6,11 @@ models alike; they cannot cancel a neighbour's memory traffic, which slows a who
 (its weights and activations live in the shared last-level cache) and hardly its bricks
 (whose data stays in the core's own caches). On a 2-vCPU VM a process streaming through
 memory on the other CPU slowed ShuffleNet by 11% and its bricks by 1% (``bench/host_drift.py
---neighbour``), so its normalized latency read 9% low. The run cannot see that traffic, but
-on Linux it can see the CPU time of whoever makes it, when that is a process of the same
-machine: the run then says so, and how busy the machine was, beside its results.
+--neighbour``), so its normalized latency read 9% low. No counter shows that traffic, but
+on Linux the run can see the CPU time of whoever makes it, when that is a process of the same
+machine: the run then says so, and how busy the machine was, beside its results. (Its
+effect on the cache, whoever makes it, is what the shared-cache probe reads:
+:mod:`dlbricks.timing.cacheprobe`.)
 
 Other processes' time is the machine's busy time (``/proc/stat``) less this process's and
 its waited-for children's (``os.times``): the engine's workers and opening processes are

@@ -248,3 +248,15 @@ def test_the_cli_runner_defaults_are_the_runner_configs_own():
     from_cli, default = runner_config(parser.parse_args([])), RunnerConfig()
     differ = [f.name for f in dataclasses.fields(RunnerConfig) if getattr(from_cli, f.name) != getattr(default, f.name)]
     assert differ == ["cores"]
+
+
+@pytest.mark.parametrize("value, needle", [("-1", "between 0 and 1"), ("2", "between 0 and 1"),
+                                           ("abc", "expected a number")])
+@pytest.mark.parametrize("command", ["bench", "evaluate"])
+def test_a_precision_outside_0_1_is_a_usage_error_naming_the_option(tmp_path, capsys, command, value, needle):
+    from dlbricks.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([command, str(tmp_path), "--precision", value])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "argument --precision" in err and needle in err

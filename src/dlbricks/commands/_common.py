@@ -174,6 +174,17 @@ def positive_int(text: str) -> int:
     return v
 
 
+def precision_fraction(text: str) -> float:
+    """A relative half-width: a fraction strictly between 0 and 1 (0.02: +/-2%)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1 (0.02 for +/-2%), got {text}")
+    return v
+
+
 def emit(args: argparse.Namespace, text: str | None, obj: Any) -> None:
     """Write the command's result: JSON with --json, else text; to -o FILE or stdout."""
     # One line, compact: json's C encoder handles that (an indent forces its
@@ -246,7 +257,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
         "bricks and whole models are measured in interleaved rounds until every model's latency is known "
         "to the stated precision, or the round limit is reached (a warning then names the models short of it)",
     )
-    e.add_argument("--precision", type=float, default=0.02, metavar="F",
+    e.add_argument("--precision", type=precision_fraction, default=0.02, metavar="F",
                    help="95%% interval of each model's latency within +/-F (default 0.02)")
     e.add_argument("--min-rounds", type=positive_int, default=5, metavar="N",
                    help="rounds before any result is final (default 5)")

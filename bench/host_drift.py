@@ -8,7 +8,10 @@ model (synthesised weights, as ``evaluate`` times it), each of its unique G=1 br
 times a brick whose weights fit the core's L2 cache) and the engine's speed probe (a MatMul that stays
 in the core's caches: the core's own speed). Per window of ``--window`` seconds it takes
 each one's median and reports the model's latency, its reconstruction (the bricks'
-medians times their occurrences), their ratio and the probe.
+medians times their occurrences), their ratio, the probe and the engine's shared-cache
+probe (``timing/cacheprobe.py``, read once a pass: how much of a last-level-cache working
+set others evicted while the core waited 5 ms), with the correlation over the windows of
+the model's latency and of the ratio with that reading.
 
 Everything here is measured in the same windows, interleaved, so whatever moves the ratio
 between windows is a state of the machine that the bricks and the model meet differently,
@@ -60,6 +63,7 @@ from dlbricks.bricks import generate_brick, whole_model
 from dlbricks.corpus import Corpus
 from dlbricks.cpuset import usable_cpus
 from dlbricks.timing import RunnerConfig
+from dlbricks.timing.cacheprobe import SharedCacheProbe
 from dlbricks.timing.engine_worker import _probe_model
 from dlbricks.timing.fpenv import FloatEnv
 from dlbricks.timing.session import pin_process, prepare_session, timed_runs
@@ -128,6 +132,7 @@ def main() -> None:
         _, members = split.first_occurrence(u)
         bricks.append(open_session(generate_brick(model, members, digest=bytes(digest), G=1)))
     probe = prepare_session(_probe_model(), config, fenv).bound
+    shared_cache = SharedCacheProbe()
     # A model-zoo layout (NAME/model.onnx) is named by its folder, as the CLI names it.
     name = Path(path).parent.name if Path(path).stem == "model" else model.name
     print(f"{name}: {len(bricks)} unique G=1 bricks, {model.n_layers} layers; timing on CPU {cpu} "
@@ -142,6 +147,7 @@ def main() -> None:
         w_end = min(t_end, time.perf_counter() + args.window)
         model_t: list[int] = []
         probe_t: list[int] = []
+        cache_readings: list[float] = []
         brick_t: list[list[int]] = [[] for _ in bricks]
         while time.perf_counter() < w_end:
             whole.run()
@@ -156,23 +162,31 @@ def main() -> None:
                     for b, out in zip(bricks, brick_t):
                         timed_runs(b, 1, out=out, clock=clock)
             timed_runs(probe, RUNS, out=probe_t, clock=clock)
+            cache_readings.append(shared_cache.read())
         model_ms = statistics.median(model_t) / 1e6
         bricks_ms = float(np.dot(occurrences, [statistics.median(t) for t in brick_t])) / 1e6
         row = {"t_s": round(args.seconds - (t_end - time.perf_counter()), 1), "model_ms": model_ms,
                "bricks_ms": bricks_ms, "ratio": bricks_ms / model_ms, "probe_us": statistics.median(probe_t) / 1e3,
-               "neighbour": busy_window}
+               "shared_cache": statistics.median(cache_readings), "neighbour": busy_window}
         windows.append(row)
         print(f"{row['t_s']:6.1f} s  model {model_ms:8.3f} ms  bricks {bricks_ms:8.3f} ms  "
-              f"ratio {row['ratio']:.3f}  probe {row['probe_us']:7.1f} us" + ("  (neighbour)" if busy_window else ""),
+              f"ratio {row['ratio']:.3f}  probe {row['probe_us']:7.1f} us  shared cache {row['shared_cache']:.2f}"
+              + ("  (neighbour)" if busy_window else ""),
               flush=True)
     if neighbour is not None:
         stop.set()
         neighbour.join()
 
-    keys = ("model_ms", "bricks_ms", "ratio", "probe_us")
+    keys = ("model_ms", "bricks_ms", "ratio", "probe_us", "shared_cache")
     summary = {k: _spread([w[k] for w in windows]) for k in keys}
     for k, v in summary.items():
         print(f"{k}: median {v['median']:.4g}, range {v['relative_range']:.1%}, robust cv {v['robust_cv']:.1%}")
+    correlation = {}
+    if len(windows) >= 3:
+        cache = [w["shared_cache"] for w in windows]
+        correlation = {k: float(np.corrcoef(cache, [w[k] for w in windows])[0, 1]) for k in ("model_ms", "ratio")}
+        print(f"over the windows, the shared-cache reading's correlation with the model: "
+              f"{correlation['model_ms']:.2f}, with the ratio: {correlation['ratio']:.2f}")
     by_state = {}
     if neighbour is not None:
         for state, label in ((False, "quiet"), (True, "neighbour")):
@@ -182,7 +196,7 @@ def main() -> None:
                 print(f"{label}: " + ", ".join(f"{k} {v:.4g}" for k, v in by_state[label].items()))
     print(json.dumps({"model": name, "cpu": cpu, "brick_state": args.brick_state, "bricks": len(bricks), "window_s": args.window,
                       "seconds": args.seconds, "windows": windows, "summary": summary, "by_state": by_state,
-                      "loadavg": os.getloadavg()[0]}))
+                      "shared_cache_correlation": correlation, "loadavg": os.getloadavg()[0]}))
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ wait over the faster of the two right after it: 1 when nothing took the buffer f
 cache meanwhile, DRAM's time over the cache's when everything did (about 2 here), and more
 when the others' traffic also slows DRAM (up to 6 here). Being a ratio
 of two reads a few microseconds apart, it does not depend on the core's speed at the time.
-Measured beside ShuffleNet on a 2-vCPU EPYC VM (5 s windows, 100 s, no other process
-on the VM): its window medians and ShuffleNet's moved together with a correlation of
-0.90 (ShuffleNet 4.28-4.73 ms, the reading 2.3-3.0); with a process streaming memory on
-the other CPU in every other window, 0.98 (ShuffleNet +20%, the reading 2.4 -> 3.6-3.9).
+Measured beside ShuffleNet and its bricks on a 2-vCPU EPYC VM, read once per pass over
+them (``python bench/host_drift.py --seconds 100``, twenty 5 s windows, no other process on
+the VM): over the windows the reading (median 3.3, range 57%) correlated with ShuffleNet's
+latency at 0.75 and with its bricks' reconstruction over it at -0.96; with a process
+streaming memory on the other CPU in every other window (``--neighbour``, 60 s), 0.70 and
+-0.90.
 """
 
 from __future__ import annotations

@@ -55,6 +55,19 @@ def test_the_shared_cache_readings_are_summarized_and_kept_in_the_json():
     assert "shared_cache" not in host_load(_reading(0.0, 0.0, 0.0), _reading(10.0, 1.0, 1.0)).to_dict()
 
 
+def test_loads_of_several_runs_combine_weighted_by_their_seconds():
+    from dlbricks.timing.hostload import combine_loads
+
+    a = HostLoad(seconds=10.0, other_cpus=0.1, steal=0.0, shared_cache=(2.0, 1.5, 3.0))
+    b = HostLoad(seconds=30.0, other_cpus=0.7, steal=0.08)
+    c = HostLoad(seconds=20.0, other_cpus=0.0, steal=0.0, shared_cache=(2.4, 1.2, 2.6))
+    both = combine_loads([a, b, c])
+    assert both is not None and both.seconds == 60.0
+    assert both.other_cpus == pytest.approx((1.0 + 21.0) / 60) and both.steal == pytest.approx(2.4 / 60)
+    assert both.shared_cache == (pytest.approx(2.2), 1.2, 3.0) and both.busy
+    assert combine_loads([]) is None and combine_loads([b]).shared_cache is None
+
+
 def test_the_shared_cache_probe_reads_more_when_its_buffer_left_the_cache():
     from dlbricks.roofline.peaks import data_cache_bytes
     from dlbricks.timing.cacheprobe import SharedCacheProbe, probe_nbytes

@@ -256,6 +256,17 @@ def test_node_cores_prefers_the_nodes_own_setting():
     assert node_cores((10_000,), {}) == (allowed[-1],)
 
 
+def test_a_node_busy_with_other_work_gets_a_warning_line_naming_it():
+    from dlbricks.distributed.driver import busy_nodes
+    from dlbricks.timing.hostload import HostLoad
+
+    quiet = {"hostname": "a", "node_id": "1", "host": HostLoad(9.0, 0.01, 0.0).to_dict()}
+    busy = {"hostname": None, "node_id": "2", "host": HostLoad(9.0, 0.9, 0.0, (2.0, 1.0, 3.0)).to_dict()}
+    lost = {"hostname": "c", "node_id": "3", "host": None}
+    lines = busy_nodes([quiet, busy, lost])
+    assert len(lines) == 1 and lines[0].startswith("node 2: the machine was busy") and "0.90 CPUs" in lines[0]
+
+
 def test_analyze_on_ray_equals_the_local_analysis(cluster, corpus, tmp_path, capsys):
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not an onnx model")
@@ -369,6 +380,10 @@ def test_bench_on_ray_matches_local_and_survives_a_node_loss(cluster, corpus, tm
     assert distributed["bricks_total"] == local["bricks_total"] == distributed["bricks_measured"]
     assert distributed["bricks_failed"] == 0
     assert distributed["config_key"] == local["config_key"]
+    # The surviving node says what else ran on it while it timed (the lost one cannot).
+    hosts = {n["lost"]: n["host"] for n in distributed["nodes"]}
+    assert hosts[True] is None and hosts[False]["seconds"] > 0 and hosts[False]["other_cpus"] >= 0
+    assert hosts[False]["shared_cache"] > 0
 
     # The same bricks under the same keys as the local run, every one measured.
     local_results, ray_results = _brick_results(local_store), _brick_results(ray_store)
@@ -386,6 +401,7 @@ def test_bench_on_ray_matches_local_and_survives_a_node_loss(cluster, corpus, tm
     assert rc == 0
     assert again["bricks_measured"] == 0 and again["bricks_reused"] == local["bricks_total"]
     assert [n["lost"] for n in again["nodes"]] == [False]
+    assert again["nodes"][0]["host"] is None  # nothing timed
 
 
 def test_bench_on_ray_checks_precision_and_remeasures_exactly_what_it_flags(cluster, tmp_path, capsys):

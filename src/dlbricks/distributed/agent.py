@@ -84,6 +84,7 @@ class TimingAgent:
         self.workdir = Path(tempfile.mkdtemp(prefix=spool_prefix("agent"), dir=spool_dir()))
         self.models: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.shapes: dict[str, Any] = {}  # item id -> the brick's shapes, read while generating it
+        self.loads: list[Any] = []  # each batch's HostLoad: what else ran on this node meanwhile
 
     def info(self) -> dict[str, Any]:
         """This node: its fingerprint, Ray node id, host, pinned cores."""
@@ -168,16 +169,26 @@ class TimingAgent:
                 for it in items
             ]
             try:
-                measure(engine_items, [], self.config, on_result=lambda it, r: results.__setitem__(it.id, r))
+                summary = measure(engine_items, [], self.config, on_result=lambda it, r: results.__setitem__(it.id, r))
             except DlbricksError as exc:  # the worker could not start: this batch fails, the next retries
                 return [("failed", Failure(f"timing worker failed: {exc}", "error").to_dict(), 0.0, None)
                         for _ in items]
+        if summary.host is not None:
+            self.loads.append(summary.host)
         out = []
         for it in engine_items:
             r = results.get(it.id) or Failure(f"{it.label}: no result from the engine", "error")
             out.append(("ok" if isinstance(r, Measurement) else "failed", r.to_dict(), it.prep_s,
                         self.shapes.pop(it.id, None)))
         return out
+
+    def host(self) -> dict[str, Any] | None:
+        """What else ran on this node while its batches were timed
+        (:meth:`dlbricks.timing.hostload.HostLoad.to_dict`; None when nothing was)."""
+        from dlbricks.timing.hostload import combine_loads
+
+        load = combine_loads(self.loads)
+        return load.to_dict() if load is not None else None
 
     def close(self) -> None:
         """Remove the agent's files."""

@@ -16,6 +16,7 @@ from dlbricks.distributed.cluster import TIMING_RESOURCE, check_versions, ray_mo
 from dlbricks.distributed.sketches import ModelSketch
 from dlbricks.errors import DlbricksError, UsageError
 from dlbricks.pipeline import BenchSummary
+from dlbricks.timing.hostload import HostLoad
 
 #: The most items one agent measures per call.
 BATCH = 16
@@ -58,6 +59,19 @@ class _AgentState:
     failed: int = 0
     lost: bool = False
     created: float = field(default_factory=time.monotonic)
+    #: What else ran on its node while it timed (``TimingAgent.host``).
+    host: dict[str, Any] | None = None
+
+
+def busy_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A warning line for each node (``RayBenchSummary.nodes``) that was busy with other
+    work while it timed."""
+    lines = []
+    for node in nodes:
+        load = HostLoad.from_dict(node["host"]) if node.get("host") else None
+        if load is not None and load.busy:
+            lines.append(f"node {node.get('hostname') or node.get('node_id')}: {load.describe()}")
+    return lines
 
 
 def _matches(node: Mapping[str, Any], resources: Mapping[str, float], labels: Mapping[str, str]) -> bool:
@@ -362,7 +376,14 @@ def bench_on_ray(
                     discover()
                     orphans(now)
         finally:
-            closing = [a.actor.close.remote() for a in agents.values() if not a.lost and a.system_id is not None]
+            live = [a for a in agents.values() if not a.lost and a.system_id is not None]
+            asked = [a.actor.host.remote() for a in live]
+            with contextlib.suppress(Exception):
+                answered, _ = ray.wait(asked, num_returns=len(asked), timeout=30)
+                for a, ref in zip(live, asked):
+                    if ref in answered:
+                        a.host = ray.get(ref)
+            closing = [a.actor.close.remote() for a in live]
             with contextlib.suppress(Exception):
                 ray.wait(closing, num_returns=len(closing), timeout=30)
             for a in agents.values():
@@ -370,9 +391,12 @@ def bench_on_ray(
                     ray.kill(a.actor)
     summary.nodes = [
         {"node_id": a.node_id, "system_id": a.system_id, "hostname": (a.info or {}).get("hostname"),
-         "cores": (a.info or {}).get("cores"), "measured": a.measured, "failed": a.failed, "lost": a.lost}
+         "cores": (a.info or {}).get("cores"), "measured": a.measured, "failed": a.failed, "lost": a.lost,
+         "host": a.host}
         for a in agents.values() if a.info is not None
     ]
+    for line in busy_nodes(summary.nodes):
+        event(line)
     if summary.systems:
         summary.system_id = next(iter(summary.systems))
     summary.wall_s = time.perf_counter() - start

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-__all__ = ["BUSY_OTHER_CPUS", "BUSY_STEAL", "HostLoad", "LoadReading", "host_load", "read_load"]
+__all__ = ["BUSY_OTHER_CPUS", "BUSY_STEAL", "HostLoad", "LoadReading", "combine_loads", "host_load", "read_load"]
 
 #: Other processes busier than this many CPUs on average make the run's figures suspect...
 BUSY_OTHER_CPUS = 0.3
@@ -88,6 +88,22 @@ class HostLoad:
                 f"on average over {self.seconds:.0f} s{steal}; a neighbour's memory traffic slows whole "
                 "models more than their bricks, so normalized latency may read low and not reproduce: "
                 "time on a quiet machine")
+
+
+def combine_loads(loads: Sequence[HostLoad]) -> HostLoad | None:
+    """Several runs' loads on one machine as one (None for none): their seconds summed,
+    other processes' CPUs and the steal averaged over them, the shared-cache readings'
+    median of medians and their lowest and highest."""
+    if not loads:
+        return None
+    seconds = sum(x.seconds for x in loads)
+    if seconds <= 0:
+        return None
+    caches = [x.shared_cache for x in loads if x.shared_cache is not None]
+    cache = (statistics.median(c[0] for c in caches), min(c[1] for c in caches), max(c[2] for c in caches)) \
+        if caches else None
+    return HostLoad(seconds=seconds, other_cpus=sum(x.other_cpus * x.seconds for x in loads) / seconds,
+                    steal=sum(x.steal * x.seconds for x in loads) / seconds, shared_cache=cache)
 
 
 def _stat_line(text: str) -> list[int] | None:

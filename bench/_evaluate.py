@@ -23,6 +23,17 @@ def light_models(names: Sequence[str] | None = None) -> list[str]:
     return [str(folder / f"light_{n}.onnx") for n in names]
 
 
+def describe_host(host: dict[str, Any] | None) -> str:
+    """``evaluate``'s ``host`` for a run's line: other processes' CPUs and the
+    shared-cache probe's median reading ("" without one)."""
+    if not host:
+        return ""
+    text = f"other processes {host['other_cpus']:.2f} CPUs"
+    if host.get("shared_cache") is not None:
+        text += f", shared cache {host['shared_cache']:.2f}"
+    return text
+
+
 def evaluate_cli(paths: Sequence[str], Gs: str, extra: Sequence[str] = (), store: str | None = None) -> tuple[dict[str, Any], float]:
     """``python -m dlbricks evaluate PATHS -G Gs --json`` in a fresh store (unless one is given)
     and a fresh cache.

@@ -31,7 +31,7 @@ import argparse
 import json
 import math
 
-from _evaluate import evaluate_cli, light_models
+from _evaluate import describe_host, evaluate_cli, light_models
 
 DEFAULT_MODELS = "squeezenet,shufflenet,resnet50,inception_v1"
 
@@ -82,10 +82,8 @@ def main() -> None:
                               "reconstructed_ms": seq["latency_s"] * 1e3}
         runs.append({"evaluate_s": wall, "models": row, "call_overhead_ns": result.get("call_overhead_ns"),
                      "graph": result.get("graph"), "host": result.get("host")})
-        host = result.get("host") or {}
-        load = f", other processes {host['other_cpus']:.2f} CPUs" if host else ""
-        if host.get("shared_cache") is not None:
-            load += f", shared cache {host['shared_cache']:.2f}"
+        load = describe_host(result.get("host"))
+        load = f", {load}" if load else ""
         print(f"run {r + 1} ({wall:.0f} s, {result.get('graph')} graph, call overhead "
               f"{(result.get('call_overhead_ns') or 0) / 1e3:.2f} us{load}): " + ", ".join(
             f"{n} {v['normalized']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] (e2e {v['e2e_ms']:.2f} ms)" for n, v in row.items()),

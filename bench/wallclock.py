@@ -22,7 +22,7 @@ import argparse
 import json
 import statistics
 
-from _evaluate import evaluate_cli, light_models
+from _evaluate import describe_host, evaluate_cli, light_models
 
 
 def main() -> None:
@@ -41,11 +41,14 @@ def main() -> None:
                                                   "speedup", "geomean_normalized", "within_10pct", "within_5pct")}
             for g in result["per_g"]
         }
-        runs.append({"evaluate_s": wall, "models": len(result["models"]), "per_g": per_g})
+        # What else ran meanwhile: a busy host lengthens the models' side most (more rounds).
+        runs.append({"evaluate_s": wall, "models": len(result["models"]), "per_g": per_g, "host": result.get("host")})
+        host = describe_host(result.get("host"))
         for G, g in per_g.items():
             print(f"run {r + 1}: G={G} bricks {g['bricks_wall_s']:.1f} s, models {g['e2e_wall_s']:.1f} s: "
                   f"wall-clock speedup {g['wallclock_speedup']:.2f}x (paper-defined {g['speedup']:.2f}x); "
-                  f"within 10% {g['within_10pct']:.0%}; evaluate {wall:.0f} s", flush=True)
+                  f"within 10% {g['within_10pct']:.0%}; evaluate {wall:.0f} s" + (f"; {host}" if host else ""),
+                  flush=True)
     Gs = list(runs[0]["per_g"])
     summary = {
         G: {

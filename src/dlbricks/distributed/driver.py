@@ -377,15 +377,14 @@ def bench_on_ray(
                     orphans(now)
         finally:
             live = [a for a in agents.values() if not a.lost and a.system_id is not None]
+            # An actor answers in order: its load, then its files removed; one wait for both.
             asked = [a.actor.host.remote() for a in live]
-            with contextlib.suppress(Exception):
-                answered, _ = ray.wait(asked, num_returns=len(asked), timeout=30)
-                for a, ref in zip(live, asked):
-                    if ref in answered:
-                        a.host = ray.get(ref)
             closing = [a.actor.close.remote() for a in live]
             with contextlib.suppress(Exception):
-                ray.wait(closing, num_returns=len(closing), timeout=30)
+                ray.wait(asked + closing, num_returns=len(asked) + len(closing), timeout=30)
+            for a, ref in zip(live, asked):
+                with contextlib.suppress(Exception):
+                    a.host = ray.get(ref, timeout=0)
             for a in agents.values():
                 with contextlib.suppress(Exception):
                     ray.kill(a.actor)

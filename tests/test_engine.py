@@ -1274,11 +1274,12 @@ def test_spooled_files_of_processes_that_no_longer_run_are_removed(tmp_path, mon
     (tmp_path / f"dlbricks-bricks-{dead.pid}-abc").mkdir()
     (tmp_path / f"dlbricks-bricks-{dead.pid}-abc" / "x.onnx").write_bytes(b"x" * 100)
     (tmp_path / f"dlbricks-model-{dead.pid}-def.onnx").write_bytes(b"x")
+    (tmp_path / f"dlbricks-beacon-{dead.pid}-jkl").write_bytes(b"x" * 8)  # a killed run's worker's
     mine = tmp_path / f"dlbricks-bricks-{os.getpid()}-ghi"
     mine.mkdir()
     other = tmp_path / "dlbricks-bricks-notapid"
     other.mkdir()
-    assert engine_process.remove_stale_spools() == 2
+    assert engine_process.remove_stale_spools() == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])
 
 

@@ -45,11 +45,12 @@ def spool_prefix(kind: str) -> str:
 def remove_stale_spools() -> int:
     """Remove the spooled files and folders of dlbricks processes that no longer run (a
     run killed with ``kill -9`` cannot clean up, and on tmpfs what it left holds
-    memory: gigabytes of generated models for a large corpus). Returns how many."""
+    memory: gigabytes of generated models for a large corpus), and their workers'
+    beacon files. Returns how many."""
     import re
     import shutil
 
-    pattern = re.compile(r"dlbricks-(?:bricks|model|agent)-(\d+)-")
+    pattern = re.compile(r"dlbricks-(?:bricks|model|agent|beacon)-(\d+)-")
     removed = 0
     for folder in {spool_dir() or tempfile.gettempdir(), tempfile.gettempdir()}:
         try:
@@ -107,7 +108,9 @@ class WorkerProcess:
     """A worker process (``python -m dlbricks.timing.engine_worker``) and its pipes."""
 
     def __init__(self, config: RunnerConfig, start_timeout_s: float) -> None:
-        fd, self._beacon_path = tempfile.mkstemp(prefix="dlbricks-beacon-")
+        # Named by this process's id: a run killed with its workers leaves it to the next
+        # run's remove_stale_spools.
+        fd, self._beacon_path = tempfile.mkstemp(prefix=spool_prefix("beacon"))
         os.write(fd, struct.pack("<q", -1))
         os.close(fd)
         to_child_r, to_child_w = os.pipe()

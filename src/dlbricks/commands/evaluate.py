@@ -91,11 +91,11 @@ def print_excluded(result: Mapping[str, Any]) -> None:
     """Warn of each model the evaluation left out, and why, and of a busy machine."""
     for e in result.get("excluded", []):
         print_err(f"left out {e['name']}: {e['error']}")
-    host = result.get("host")
-    if host and host.get("busy"):
-        from dlbricks.timing.hostload import HostLoad
+    from dlbricks.timing.hostload import busy_warning
 
-        print_err(HostLoad.from_dict(host).describe())
+    busy = busy_warning(result.get("host"))
+    if busy is not None:
+        print_err(busy)
 
 
 def render_evaluation(result: Mapping[str, Any]) -> str:

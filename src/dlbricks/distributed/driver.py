@@ -16,7 +16,7 @@ from dlbricks.distributed.cluster import TIMING_RESOURCE, check_versions, ray_mo
 from dlbricks.distributed.sketches import ModelSketch
 from dlbricks.errors import DlbricksError, UsageError
 from dlbricks.pipeline import BenchSummary
-from dlbricks.timing.hostload import HostLoad
+from dlbricks.timing.hostload import busy_warning
 
 #: The most items one agent measures per call.
 BATCH = 16
@@ -68,9 +68,9 @@ def busy_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
     work while it timed."""
     lines = []
     for node in nodes:
-        load = HostLoad.from_dict(node["host"]) if node.get("host") else None
-        if load is not None and load.busy:
-            lines.append(f"node {node.get('hostname') or node.get('node_id')}: {load.describe()}")
+        busy = busy_warning(node.get("host"))
+        if busy is not None:
+            lines.append(f"node {node.get('hostname') or node.get('node_id')}: {busy}")
     return lines
 
 

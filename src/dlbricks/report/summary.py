@@ -139,11 +139,11 @@ def _headline(pg: Sequence[Mapping[str, Any]], models: Sequence[Mapping[str, Any
             if check.get("results_unconverged"):
                 text += f"; {check['results_unconverged']} result(s) stopped at the round limit"
             items.append(text + "; marked ⚠ below, and `--remeasure-unstable` measures them again.</li>")
-    host = ev.get("host")
-    if host and host.get("busy"):
-        from dlbricks.timing.hostload import HostLoad
+    from dlbricks.timing.hostload import busy_warning
 
-        items.append(f'<li class="warn"><b>Busy machine</b>: {esc(HostLoad.from_dict(host).describe())}.</li>')
+    busy = busy_warning(ev.get("host"))
+    if busy is not None:
+        items.append(f'<li class="warn"><b>Busy machine</b>: {esc(busy)}.</li>')
     return '<ul class="headline">' + "".join(items) + "</ul>"
 
 

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-__all__ = ["BUSY_OTHER_CPUS", "BUSY_STEAL", "HostLoad", "LoadReading", "combine_loads", "host_load", "read_load"]
+__all__ = ["BUSY_OTHER_CPUS", "BUSY_STEAL", "HostLoad", "LoadReading", "busy_warning", "combine_loads", "host_load",
+           "read_load"]
 
 #: Other processes busier than this many CPUs on average make the run's figures suspect...
 BUSY_OTHER_CPUS = 0.3
@@ -88,6 +89,15 @@ class HostLoad:
                 f"on average over {self.seconds:.0f} s{steal}; a neighbour's memory traffic slows whole "
                 "models more than their bricks, so normalized latency may read low and not reproduce: "
                 "time on a quiet machine")
+
+
+def busy_warning(host: Mapping[str, Any] | None) -> str | None:
+    """The warning line for a load in its JSON form (:meth:`HostLoad.to_dict`, as
+    ``--json`` and the report carry it): None unless the machine was busy."""
+    if not host:
+        return None
+    load = HostLoad.from_dict(host)
+    return load.describe() if load.busy else None
 
 
 def combine_loads(loads: Sequence[HostLoad]) -> HostLoad | None:

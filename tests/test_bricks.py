@@ -19,6 +19,7 @@ from onnx import numpy_helper as nh
 
 from dlbricks.bricks import generate_brick, generate_bricks, write_brick
 from dlbricks.corpus import Corpus
+from dlbricks.errors import UsageError
 from dlbricks.graph import split
 from dlbricks.loading import load
 from dlbricks.model import Model
@@ -306,6 +307,28 @@ def test_generation_holds_one_bricks_weights_at_a_time(corpus_bricks):
 
 
 # -- determinism ---------------------------------------------------------------------------
+
+
+def test_generating_again_keeps_bricks_of_the_same_seed_and_rewrites_those_of_another(tmp_path):
+    model = load(light("squeezenet"))
+    out = tmp_path / "bricks"
+    generate_bricks([model], 3, out, seed=0)
+    data = sorted(out.glob("*.data"))
+    seed0 = {p.name: p.read_bytes() for p in data}
+    stamps = {p.name: p.stat().st_mtime_ns for p in data}
+    generate_bricks([model], 3, out, seed=0)
+    assert {p.name: p.stat().st_mtime_ns for p in data} == stamps  # kept, not written again
+    generate_bricks([model], 3, out, seed=1)
+    assert json.loads((out / "manifest.json").read_text())["seed"] == 1
+    assert all(p.read_bytes() != seed0[p.name] for p in data)  # the seed the manifest names
+
+
+def test_generating_into_a_file_is_a_usage_error(tmp_path):
+    target = tmp_path / "afile"
+    target.write_text("x")
+    with pytest.raises(UsageError, match="afile: exists and is not a folder"):
+        generate_bricks([load(light("squeezenet"))], 1, target)
+    assert target.read_text() == "x"
 
 
 def test_same_digest_and_seed_give_identical_bricks_and_another_seed_other_weights(tmp_path):

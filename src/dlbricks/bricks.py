@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dlbricks.digest import constant_role
-from dlbricks.errors import DlbricksError
+from dlbricks.errors import DlbricksError, UsageError
 from dlbricks.loading.names import is_default_domain, onnxruntime_onnx_op, outer_names
 from dlbricks.model import Layer, Model, ModelLike, TensorType
 
@@ -557,19 +557,27 @@ def generate_bricks(
     """Write ``out_dir/<digest>.onnx`` for every unique sequence at ``G`` plus ``manifest.json``.
 
     Bricks are built and written one at a time, so memory holds one brick's weights.
-    An existing brick file is kept (bricks are deterministic per digest and seed).
+    An existing brick file is kept when the folder's manifest says it was written with
+    the same seed (bricks are deterministic per digest and seed); otherwise it is
+    written again.
 
     Returns:
         the manifest entries.
     Raises:
+        UsageError: ``out_dir`` exists and is not a folder.
         DlbricksError: a brick fails the checker (names the brick and the cause).
     """
+    from dlbricks.files import write_atomically
+
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
+    keep_existing = _manifest_seed(out / "manifest.json") == seed
     infos: list[BrickInfo] = []
     for hex_digest, model, members, counts in iter_unique_bricks(models, G):
         path = out / f"{hex_digest}.onnx"
-        if path.exists():  # bricks are deterministic per digest and seed
+        if keep_existing and path.exists():
             _, info = generate_brick(model, members, seed=seed, digest=hex_digest, G=G, weights_file=os.devnull)
         else:
             proto, info = write_brick(model, members, path, seed=seed, digest=hex_digest, G=G, check=check)
@@ -586,8 +594,17 @@ def generate_bricks(
         "models": [m.name for m in models],
         "bricks": [i.to_dict() for i in infos],
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    write_atomically(out / "manifest.json", json.dumps(manifest, indent=1))
     return infos
+
+
+def _manifest_seed(path: Path) -> int | None:
+    """The seed a brick folder's manifest records (None: no readable manifest)."""
+    try:
+        seed = json.loads(path.read_text()).get("seed")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return seed if isinstance(seed, int) else None
 
 
 def model_digest(model: ModelLike) -> str:

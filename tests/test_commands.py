@@ -12,7 +12,7 @@ FAST_CLI = ["--no-pin", "--warmup", "1", "--warmup-time", "0", "--min-iters", "5
 def test_an_impossible_runner_setting_is_a_usage_error(tmp_path, capsys):
     code = main(["bench", str(tmp_path), "--no-pin", "--min-time", "2", "--max-time", "1", "--store", str(tmp_path / "s.sqlite")])
     err = capsys.readouterr().err
-    assert code == 2 and "max_time" in err and len(err.splitlines()) == 1
+    assert code == 2 and "--max-time" in err and len(err.splitlines()) == 1
 
 
 def test_a_bug_building_the_runner_configuration_is_not_a_usage_error(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from dlbricks import __version__
-from dlbricks.errors import DlbricksError, UsageError
+from dlbricks.errors import DlbricksError, UsageError, os_error_text
 
 # Order here is the order in `dlbricks --help`.
 _COMMANDS = [
@@ -144,6 +144,29 @@ def console_main() -> int:
         gc.freeze()
 
 
+def _warnings_as_lines() -> None:
+    """Show dlbricks' own warnings (what a command goes on despite) as ``dlbricks:
+    warning:`` lines, as :func:`dlbricks.errors.warn` writes them, not as Python's
+    two-line warning with a source line; other warnings as Python shows them."""
+    import warnings
+
+    from dlbricks.errors import warn
+    from dlbricks.loading.messages import DlbricksWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "dlbricks", False):
+        return
+
+    def show(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+        if issubclass(category, DlbricksWarning):
+            warn(str(message))
+        else:
+            shown(message, category, *rest, **kw)
+
+    show.dlbricks = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -169,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     # timing/heap.py).
     keep_freed_memory()
     numpy_huge_pages(False)
+    _warnings_as_lines()
     try:
+        from dlbricks.commands._common import check_output_files
+
+        check_output_files(args)
         return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"dlbricks {args.command}: error: {exc}", file=sys.stderr)
@@ -187,4 +214,9 @@ def main(argv: list[str] | None = None) -> int:
 
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as exc:
+        # A path the user gave that cannot be made or written (a file where a folder
+        # must go, a read-only folder, a full disk): the file and the cause, not a traceback.
+        print(f"dlbricks {args.command}: error: {os_error_text(exc)}", file=sys.stderr)
         return 1

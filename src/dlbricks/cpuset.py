@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["numa_node_of", "parse_ranges", "usable_cpus"]
+__all__ = ["ReversedRange", "numa_node_of", "parse_ranges", "usable_cpus"]
+
+
+class ReversedRange(ValueError):
+    """A range ``a-b`` of :func:`parse_ranges` with ``b < a`` (most likely a typo)."""
 
 
 def parse_ranges(text: str) -> list[int]:
@@ -14,6 +18,7 @@ def parse_ranges(text: str) -> list[int]:
     negative (``-3``), so that callers can say why it is out of range.
 
     Raises:
+        ReversedRange: a range ``a-b`` with ``b < a``.
         ValueError: an item is neither an integer nor a range of two.
     """
     out: set[int] = set()
@@ -23,7 +28,10 @@ def parse_ranges(text: str) -> list[int]:
             continue
         dash = part.find("-", 1)  # from 1: a leading "-" is a sign
         if dash > 0:
-            out.update(range(int(part[:dash]), int(part[dash + 1 :]) + 1))
+            first, last = int(part[:dash]), int(part[dash + 1 :])
+            if last < first:
+                raise ReversedRange(f"the range {part} runs backwards")
+            out.update(range(first, last + 1))
         else:
             out.add(int(part))
     return sorted(out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["DlbricksError", "ModelError", "UsageError", "first_line", "warn"]
+__all__ = ["DlbricksError", "ModelError", "UsageError", "first_line", "os_error_text", "warn"]
 
 
 class DlbricksError(Exception):
@@ -25,6 +25,14 @@ def first_line(exc: BaseException) -> str:
     onnxruntime's messages run on for pages, and a user-facing error is one line."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def os_error_text(exc: OSError) -> str:
+    """An OS error as one line that names the file: ``out: Not a directory``."""
+    cause = exc.strerror or first_line(exc)
+    if exc.filename is None:
+        return cause
+    return f"{exc.filename}: {cause}" if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}: {cause}"
 
 
 def warn(message: str) -> None:

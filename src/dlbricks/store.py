@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dlbricks.errors import DlbricksError
+from dlbricks.errors import DlbricksError, os_error_text
 from dlbricks.files import atomic_text
 from dlbricks.timing import Failure, Measurement, RunnerConfig
 
@@ -378,10 +378,18 @@ class Store:
                 self._con.close()
                 raise StoreError(f"{self.path}: store schema {version} needs an upgrade; open it writable once")
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot create the store's folder ({os_error_text(exc)})") from None
+        if exists and not os.access(self.path, os.W_OK):
+            raise StoreError(f"{self.path}: read-only file, cannot record results in it")
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so that every write
         # transaction takes the write lock up front (no deadlock-prone lock upgrades).
-        self._con = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            self._con = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the store ({exc})") from None
         try:
             self._con.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
             self._initialise()
@@ -393,6 +401,9 @@ class Store:
             # a large share of a sub-second brick timing.
             self._con.execute("PRAGMA synchronous = NORMAL")
             self._con.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.OperationalError as exc:  # e.g. no room for the journal beside it
+            self._con.close()
+            raise StoreError(f"{self.path}: cannot write to the store ({exc})") from None
         except BaseException:
             self._con.close()
             raise
@@ -444,16 +455,21 @@ class Store:
         write is rolled back first (nothing of it was committed), and the rollback here
         runs only while one is open, never masking the interrupt with a second error."""
         con = self._con
-        if con.in_transaction:
-            con.execute("ROLLBACK")
         try:
-            con.execute("BEGIN IMMEDIATE")
-            yield
-            con.execute("COMMIT")
-        except BaseException:
             if con.in_transaction:
                 con.execute("ROLLBACK")
-            raise
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                yield
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as exc:
+            # A store that cannot be written (read-only file or folder, a full disk, a
+            # lock held past the busy timeout): the store's path and SQLite's cause.
+            raise StoreError(f"{self.path}: cannot write to the store ({exc})") from None
 
     # ------------------------------------------------------------------ writing
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlbricks.cpuset import parse_ranges, usable_cpus
+from dlbricks.cpuset import ReversedRange, parse_ranges, usable_cpus
 from dlbricks.errors import DlbricksError, UsageError, warn
 from dlbricks.files import write_atomically
 
@@ -154,6 +154,8 @@ def parse_g_list(text: str) -> list[int]:
     """
     try:
         out = parse_ranges(text)
+    except ReversedRange as exc:
+        raise UsageError(f"-G {text!r}: {exc}") from None
     except ValueError:
         raise UsageError(f"-G {text!r}: expected integers like 1,2,3 or 1-3") from None
     if not out:
@@ -171,6 +173,42 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _number(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if v != v:
+        raise argparse.ArgumentTypeError("expected a number, got nan")
+    return v
+
+
+def non_negative_float(text: str) -> float:
+    """A number >= 0 (seconds, fractions)."""
+    v = _number(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A number > 0 (seconds)."""
+    v = _number(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return v
 
 
@@ -195,11 +233,43 @@ def emit(args: argparse.Namespace, text: str | None, obj: Any) -> None:
     else:
         payload = text
     output = getattr(args, "output", None)
-    if output:
+    if output and output != "-":
         write_atomically(output, payload)
         print(f"wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(payload)
+
+
+#: Options that name a file a command writes (argparse dest -> option).
+OUTPUT_FILE_OPTIONS = {"output": "-o", "save": "--save", "trace": "--trace", "plot": "--plot",
+                       "otel_file": "--otel-file"}
+
+
+def check_output_files(args: argparse.Namespace) -> None:
+    """Fail before any work when a file the command is to write cannot be: the path is
+    a folder, or the nearest existing folder above it is a file or not writable (a
+    folder still missing is created when the file is written). Measuring for minutes
+    and then failing to save is what this avoids.
+
+    Raises:
+        UsageError: naming the option, the path and why.
+    """
+    import os
+
+    for dest, option in OUTPUT_FILE_OPTIONS.items():
+        path = getattr(args, dest, None)
+        if not isinstance(path, str) or not path or path == "-":
+            continue
+        target = Path(path)
+        if target.is_dir():
+            raise UsageError(f"{option} {path}: a folder, not a file")
+        above = target.parent
+        while not above.exists() and above != above.parent:
+            above = above.parent
+        if not above.is_dir():
+            raise UsageError(f"{option} {path}: {above} is not a folder")
+        if not os.access(above, os.W_OK | os.X_OK):
+            raise UsageError(f"{option} {path}: cannot write in {above} (permission denied)")
 
 
 def _json_default(o: Any) -> Any:
@@ -244,13 +314,13 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="CPUs where sessions are built while none is timed, e.g. 0, or 'none' (default: the "
                         "other usable CPUs when --cores is not given, else none)")
     hidden = argparse.SUPPRESS
-    g.add_argument("--warmup", type=int, default=5, metavar="N", help=hidden)
-    g.add_argument("--warmup-time", type=float, default=0.05, metavar="S", help=hidden)
-    g.add_argument("--min-iters", type=int, default=10, metavar="N", help=hidden)
-    g.add_argument("--min-time", type=float, default=0.2, metavar="S", help=hidden)
-    g.add_argument("--max-time", type=float, default=2.0, metavar="S", help=hidden)
-    g.add_argument("--target-ci", type=float, default=0.01, metavar="F", help=hidden)
-    g.add_argument("--timeout", type=float, default=120.0, metavar="S",
+    g.add_argument("--warmup", type=non_negative_int, default=5, metavar="N", help=hidden)
+    g.add_argument("--warmup-time", type=non_negative_float, default=0.05, metavar="S", help=hidden)
+    g.add_argument("--min-iters", type=non_negative_int, default=10, metavar="N", help=hidden)
+    g.add_argument("--min-time", type=non_negative_float, default=0.2, metavar="S", help=hidden)
+    g.add_argument("--max-time", type=non_negative_float, default=2.0, metavar="S", help=hidden)
+    g.add_argument("--target-ci", type=non_negative_float, default=0.01, metavar="F", help=hidden)
+    g.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
                    help="longest a worker may take to answer, session set-up included (default 120)")
     e = p.add_argument_group(
         "measurement engine",
@@ -263,7 +333,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="rounds before any result is final (default 5)")
     e.add_argument("--max-rounds", type=positive_int, default=60, metavar="N",
                    help="stop after N rounds even if not precise enough (default 60)")
-    e.add_argument("--min-span", type=float, default=6.0, metavar="S",
+    e.add_argument("--min-span", type=non_negative_float, default=6.0, metavar="S",
                    help="seconds a result's rounds must span before it is final, so that they sample "
                         "several of a shared host's slow phases (default 6)")
     e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="auto",
@@ -307,6 +377,8 @@ def parse_cores(text: str | None, option: str = "--cores") -> tuple[int, ...]:
         return ()
     try:
         cores = set(parse_ranges(text))
+    except ReversedRange as exc:
+        raise UsageError(f"{option} {text!r}: {exc}") from None
     except ValueError:
         raise UsageError(f"{option} {text!r}: expected CPU ids like 0-3,6") from None
     allowed = set(usable_cpus())
@@ -343,6 +415,11 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
         allowed = usable_cpus()
         need = max(1, args.threads) * max(1, jobs)
         cores = tuple(allowed[-need:]) if len(allowed) >= need else tuple(allowed)
+    if args.clock == "thread" and (args.threads != 1 or args.execution_mode != "sequential"):
+        raise UsageError("--clock thread needs --threads 1 and --execution-mode sequential (the kernels on the "
+                         "calling thread)")
+    if args.max_time < args.min_time:
+        raise UsageError(f"--max-time {args.max_time} is below --min-time {args.min_time}")
     if jobs == 1 and cores is not None and len(cores) > args.threads:
         cores = cores[: args.threads] if args.cores is None else cores
     try:

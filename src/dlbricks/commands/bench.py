@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     config = runner_config(args, jobs=args.jobs)
     if args.ray:
         return _run_ray(args, Gs, config)
+    if args.ray_resources is not None or args.ray_label:
+        raise UsageError(f"{'--ray-resources' if args.ray_resources is not None else '--ray-label'} applies only "
+                         "with --ray ADDRESS")
     models, sources = load_models_and_sources(args, config)
     e2e_models = sources if args.e2e else None
     with open_store(args) as store:

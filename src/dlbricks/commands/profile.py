@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     levels = parse_levels(args.levels)
     if not os.path.isfile(args.path):
-        raise UsageError(f"{args.path}: no such file")
+        raise UsageError(f"{args.path}: " + ("a folder; profile takes one model file" if os.path.isdir(args.path)
+                                             else "no such file"))
     shapes = parse_input_shapes(args.input_shape)
     otel = OtelConfig(file=args.otel_file, endpoint=args.otlp_endpoint)
     otel.traces_url()  # validates the URL before any work

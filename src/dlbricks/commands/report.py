@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from dlbricks.commands._common import (
     add_model_args,
@@ -42,9 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dlbricks.report.html import build_report, write_report
 
-    analysis = _read_json(args.analysis, "--analysis", ("models", "corpus"))
-    evaluation = _read_json(args.evaluation, "--evaluation", ("per_g", "models"))
-    roofline = _read_json(args.roofline, "--roofline", ())
+    parse_g_list(args.G)  # checked even where no PATH needs it: a typo is not ignored
+    analysis = _read_json(args.analysis, "--analysis", {"models": list, "corpus": dict})
+    evaluation = _read_json(args.evaluation, "--evaluation", {"per_g": list, "models": list})
+    roofline = _read_json(args.roofline, "--roofline", {"peaks": dict, "models": list})
     models = None
     if args.paths:
         analysis, models = _from_models(args, analysis, evaluation)
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_json(path: str | None, option: str, required: tuple[str, ...]) -> dict[str, Any] | None:
+def _read_json(path: str | None, option: str, required: Mapping[str, type]) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (None for no path), with each ``required`` key
+    holding that type (a list's items objects): another command's output, or not."""
     if path is None:
         return None
     try:
@@ -77,8 +80,15 @@ def _read_json(path: str | None, option: str, required: tuple[str, ...]) -> dict
         raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{option} {path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or any(k not in doc for k in required):
-        raise UsageError(f"{option} {path}: not the expected JSON (needs keys {', '.join(required)})")
+
+    def fits(value: Any, kind: type) -> bool:
+        if isinstance(value, list):
+            return kind is list and all(isinstance(v, dict) for v in value)
+        return isinstance(value, kind)
+
+    if not isinstance(doc, dict) or not all(fits(doc.get(k), kind) for k, kind in required.items()):
+        needs = ", ".join(f"{k} (a {'list of objects' if kind is list else 'JSON object'})" for k, kind in required.items())
+        raise UsageError(f"{option} {path}: not the expected JSON (needs {needs})")
     return doc
 
 

@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         UsageError: no store at --store, or a --model that names nothing.
         StoreError: the store is unreadable, or the format needs a missing package.
     """
+    if args.G is not None:
+        parse_g_list(args.G)  # checked even where no --model needs it: a typo is not ignored
     path = require_store(args.store)
     with Store(path, readonly=True) as store:
         only = described = None

@@ -75,10 +75,18 @@ def _load_peaks(path: str):
     from dlbricks.roofline.peaks import Peaks
 
     try:
-        return Peaks.from_dict(json.loads(Path(path).read_text()))
+        doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"--peaks {path}: no such file") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
+        raise DlbricksError(f"--peaks {path}: not a peaks file: {exc}") from None
+    if not isinstance(doc, dict):
+        raise DlbricksError(f"--peaks {path}: not a peaks file (a JSON object, as `roofline --json` has under \"peaks\")")
+    try:
+        return Peaks.from_dict(doc)
+    except KeyError as exc:
+        raise DlbricksError(f"--peaks {path}: not a peaks file (no {exc})") from None
+    except (ValueError, TypeError) as exc:
         raise DlbricksError(f"--peaks {path}: not a peaks file: {exc}") from None
 
 

@@ -32,6 +32,7 @@ Results can be cached as JSON keyed by a machine fingerprint string
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -143,6 +144,10 @@ class Peaks:
         version = d.get("schema_version", PEAKS_SCHEMA_VERSION)
         if version != PEAKS_SCHEMA_VERSION:
             raise ValueError(f"peaks schema_version {version}, expected {PEAKS_SCHEMA_VERSION}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in d]
+        if missing:
+            raise KeyError(", ".join(missing))
         kwargs = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         kwargs["caches"] = [CacheLevel.from_dict(c) for c in d.get("caches", [])]
         kwargs["gflops_by_size"] = {str(k): float(v) for k, v in d.get("gflops_by_size", {}).items()}

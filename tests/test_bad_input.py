@@ -1,0 +1,155 @@
+"""A user's mistake in a path or an option: one line naming it and the cause, a non-zero
+exit, nothing written that breaks a later run, and never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import light
+
+from dlbricks.cli import main
+from dlbricks.store import Store, StoreError
+
+FAST = ["--no-pin", "--min-span", "0", "--min-rounds", "2", "--max-rounds", "3", "--precision", "0.5"]
+
+
+def _one_line_error(capsys, needle: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and "error:" in lines[-1] and needle in lines[-1], err
+    assert "Traceback" not in err, err
+    return lines[-1]
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("not a folder")
+    return path
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["evaluate", "MODEL", "--save", "{f}/out.json"], "--save"),
+    (["bench", "MODEL", "-o", "{f}/out.json"], "-o"),
+    (["profile", "MODEL", "--trace", "{f}/t.json"], "--trace"),
+    (["roofline", "MODEL", "--plot", "{f}/r.png"], "--plot"),
+])
+def test_an_output_file_under_a_file_is_refused_before_any_work(tmp_path, capsys, a_file, argv, option):
+    store = tmp_path / "s.sqlite"
+    argv = [a.replace("{f}", str(a_file)).replace("MODEL", str(light("squeezenet"))) for a in argv]
+    assert main([*argv, "--store", str(store)] if argv[0] != "profile" else argv) == 2
+    line = _one_line_error(capsys, f"{option} {a_file}/")
+    assert "is not a folder" in line
+    assert not store.exists()  # nothing was measured, nothing created
+
+
+def test_an_output_file_that_is_a_folder_is_refused(tmp_path, capsys):
+    assert main(["analyze", str(light("squeezenet")), "-o", str(tmp_path)]) == 2
+    _one_line_error(capsys, "a folder, not a file")
+
+
+def test_a_store_under_a_file_names_the_store(tmp_path, capsys, a_file):
+    assert main(["bench", str(light("squeezenet")), "--store", str(a_file / "s.sqlite"), *FAST]) == 1
+    _one_line_error(capsys, f"{a_file}/s.sqlite: cannot create the store's folder")
+
+
+def test_a_read_only_store_is_refused_when_opened_to_write(tmp_path, monkeypatch):
+    path = tmp_path / "s.sqlite"
+    Store(path).close()
+    import dlbricks.store
+
+    # Root writes whatever the mode bits say; the check is what a user's account meets.
+    monkeypatch.setattr(dlbricks.store.os, "access", lambda p, mode: False)
+    with pytest.raises(StoreError, match="read-only file"):
+        Store(path)
+    monkeypatch.undo()
+    with Store(path, readonly=True) as store:  # reading it is fine
+        assert store.path == path
+
+
+def test_a_store_that_sqlite_cannot_write_is_a_store_error_naming_it(tmp_path):
+    with Store(tmp_path / "s.sqlite") as store:
+        store._con.execute("PRAGMA query_only = ON")  # as a read-only file or folder answers
+        with pytest.raises(StoreError, match=r"s\.sqlite: cannot write to the store \(attempt to write a readonly"):
+            store.put_system({"cpu": "x"})
+        store._con.execute("PRAGMA query_only = OFF")
+        assert store.put_system({"cpu": "x"})  # nothing half-written stood in the way
+
+
+def test_an_os_error_of_a_users_path_is_one_line(tmp_path, capsys, a_file):
+    # --bricks-dir under a file fails where the bricks' weights are written.
+    code = main(["bench", str(light("squeezenet")), "--store", str(tmp_path / "s.sqlite"), "--bricks-dir",
+                 str(a_file), *FAST])
+    assert code == 1
+    _one_line_error(capsys, f"{a_file}/weights: Not a directory")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["results", "--store", "STORE", "-G", "abc"], "-G 'abc': expected integers"),
+    (["report", "--store", "STORE", "-G", "abc", "-o", "OUT/r.html"], "-G 'abc': expected integers"),
+    (["analyze", "MODEL", "-G", "5-1"], "-G '5-1': the range 5-1 runs backwards"),
+    (["bench", "MODEL", "--cores", "1-0", "--store", "STORE"], "--cores '1-0': the range 1-0 runs backwards"),
+    (["bench", "MODEL", "--ray-label", "a=b", "--store", "STORE"], "--ray-label applies only with --ray"),
+    (["bench", "MODEL", "--clock", "thread", "--threads", "2", "--store", "STORE"],
+     "--clock thread needs --threads 1"),
+    (["profile", "DIR"], "a folder; profile takes one model file"),
+])
+def test_a_malformed_option_is_a_usage_error_even_where_it_is_not_used(tmp_path, capsys, argv, needle):
+    store = tmp_path / "s.sqlite"
+    Store(store).close()
+    subs = {"STORE": str(store), "OUT": str(tmp_path), "MODEL": str(light("squeezenet")), "DIR": str(tmp_path)}
+    assert main([subs.get(a, a.replace("OUT", str(tmp_path))) for a in argv]) == 2
+    _one_line_error(capsys, needle)
+
+
+@pytest.mark.parametrize("option, value", [("--min-span", "-1"), ("--timeout", "0"), ("--warmup-time", "nan")])
+def test_a_runner_option_out_of_range_names_the_option(tmp_path, capsys, option, value):
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", str(tmp_path), option, value])
+    assert exited.value.code == 2 and f"argument {option}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, doc, needle", [
+    ("--evaluation", {"per_g": 5, "models": 3}, "needs per_g (a list of objects), models (a list of objects)"),
+    ("--analysis", {"models": [1], "corpus": {}}, "needs models (a list of objects)"),
+    ("--roofline", {}, "needs peaks (a JSON object)"),
+])
+def test_report_inputs_of_the_wrong_shape_are_named(tmp_path, capsys, option, doc, needle):
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(doc))
+    assert main(["report", option, str(path), "-o", str(tmp_path / "r.html")]) == 2
+    _one_line_error(capsys, needle)
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("doc, needle", [([1, 2], "not a peaks file (a JSON object"), ({}, "not a peaks file (no ")])
+def test_roofline_peaks_that_are_not_peaks_are_named(tmp_path, capsys, doc, needle):
+    path = tmp_path / "peaks.json"
+    path.write_text(json.dumps(doc))
+    code = main(["roofline", str(light("squeezenet")), "--store", str(tmp_path / "s.sqlite"), "--no-measure", "--peaks",
+                 str(path)])
+    assert code == 1
+    _one_line_error(capsys, needle)
+
+
+def test_dlbricks_warnings_are_one_line_each(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    path = tmp_path / "batch.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    # In a process of its own: pytest records warnings in its place, where a user's
+    # terminal shows them.
+    done = subprocess.run([sys.executable, "-m", "dlbricks", "profile", str(path), "--levels", "model", "--runs", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    err = done.stderr
+    assert "dlbricks: warning: " in err and "symbolic batch dim" in err
+    assert "DlbricksWarning" not in err
+

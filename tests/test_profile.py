@@ -633,3 +633,29 @@ def test_otlp_export_reaches_the_collector_from_both_processes(tiny_path, capsys
     assert len({pid for pid, _ in spans}) == 2  # this process and the worker
     names = {s.name for _, s in spans}
     assert "level 1: model (profiling off)" in names and any(n.startswith("brick whole model") for n in names)
+
+
+class _RefusingCollector(_Collector):
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(400)  # not retried by the exporter: the test does not wait out back-offs
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_collector_that_refuses_the_spans_is_an_error_after_the_profile_is_written(tiny_path, tmp_path, capsys):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingCollector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    out = tmp_path / "profile.txt"
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        code = main(["profile", tiny_path, "--levels", "model", "--runs", "2", "--otlp-endpoint", url, "-o", str(out)])
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip().splitlines()[-1].startswith(f"dlbricks profile: error: --otlp-endpoint {url}/v1/traces: ")
+    assert "span(s) were not exported" in err and "Traceback" not in err and "Failed to export" not in err
+    assert "model" in out.read_text()  # the profile itself was written first

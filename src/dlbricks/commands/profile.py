@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from dlbricks.commands._common import emit, parse_input_shapes, positive_int
-from dlbricks.errors import UsageError
+from dlbricks.errors import DlbricksError, UsageError
 from dlbricks.files import write_atomically
 
 
@@ -98,5 +98,7 @@ def run(args: argparse.Namespace) -> int:
         emit(args, None, to_jsonable(result))
     else:
         emit(args, render_profile(result, top=args.top), None)
+    if recorder.export_error:  # after every other output: the profile itself is not lost
+        raise DlbricksError(recorder.export_error)
     return 0
 

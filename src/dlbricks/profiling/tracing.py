@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import numbers
 import os
@@ -189,7 +190,12 @@ class _Otel:
                     "--otlp-endpoint needs the OTLP/HTTP exporter; install it with "
                     "`pip install dlbricks[trace]` (opentelemetry-exporter-otlp-proto-http)"
                 ) from None
-            otlp_exporter = OTLPSpanExporter(endpoint=url, timeout=10)
+            otlp_exporter = _counting(OTLPSpanExporter(endpoint=url, timeout=10))
+            # Its retries log a paragraph each; what reached the collector is told once,
+            # at the end (:attr:`export_error`).
+            logging.getLogger(OTLPSpanExporter.__module__).setLevel(logging.CRITICAL)
+        self.url = url
+        self._otlp = otlp_exporter
         self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         if config.file:
             self.provider.add_span_processor(SimpleSpanProcessor(_json_lines_exporter_class()(config.file)))
@@ -212,8 +218,37 @@ class _Otel:
             ctx = parent
         return self.tracer.start_span(name, context=ctx, start_time=int(start_ns), attributes=_otel_attributes(attributes))
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> str | None:
+        """Flush and close; what went wrong exporting to the endpoint (None: nothing)."""
         self.provider.shutdown()
+        failed = getattr(self._otlp, "failed_spans", 0)
+        if failed:
+            return (f"--otlp-endpoint {self.url}: {failed} span(s) were not exported (the collector did not "
+                    "accept them; is it running there?)")
+        return None
+
+
+def _counting(exporter: Any) -> Any:
+    """``exporter`` with a count of the spans its exports failed to deliver (``failed_spans``)."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Counting(SpanExporter):
+        def __init__(self) -> None:
+            self.failed_spans = 0
+
+        def export(self, spans: Sequence[Any]) -> Any:
+            result = exporter.export(spans)
+            if result != SpanExportResult.SUCCESS:
+                self.failed_spans += len(spans)
+            return result
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return Counting()
 
 
 def _otel_attributes(args: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -317,6 +352,8 @@ class Recorder:
         self._ids = itertools.count(1)
         self._remote_parent: SpanRef | None = None
         self.processes: dict[int, str] = {self.pid: process_name}
+        #: Set by :meth:`shutdown` when spans did not reach the OTLP endpoint.
+        self.export_error: str | None = None
 
     @classmethod
     def child(
@@ -428,9 +465,10 @@ class Recorder:
                 self.processes.setdefault(ev.pid, process_name)
 
     def shutdown(self) -> None:
-        """Flush and close the OpenTelemetry exporters (idempotent)."""
+        """Flush and close the OpenTelemetry exporters (idempotent); a failed export to
+        the OTLP endpoint is kept in :attr:`export_error`."""
         if self._otel is not None:
-            self._otel.shutdown()
+            self.export_error = self._otel.shutdown()
             self._otel = None
 
     def chrome_trace(self, *, metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:

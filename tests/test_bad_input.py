@@ -153,3 +153,15 @@ def test_dlbricks_warnings_are_one_line_each(tmp_path):
     assert "dlbricks: warning: " in err and "symbolic batch dim" in err
     assert "DlbricksWarning" not in err
 
+
+
+@pytest.mark.parametrize("argv", [["analyze", "MODEL", "--json"], ["results", "--store", "STORE"],
+                                  ["report", "--store", "STORE"]])
+def test_dash_as_the_output_file_is_stdout(tmp_path, capsys, monkeypatch, argv):
+    store = tmp_path / "s.sqlite"
+    Store(store).close()
+    monkeypatch.chdir(tmp_path)
+    subs = {"STORE": str(store), "MODEL": str(light("squeezenet"))}
+    assert main([subs.get(a, a) for a in argv] + ["-o", "-"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert not (tmp_path / "-").exists()

@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if store is not None:
             store.close()
+    if args.output == "-":
+        sys.stdout.write(html)
+        return 0
     path = write_report(html, args.output)
     print(path)
     return 0

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             only, described = _select_models(args, store)
         kw: dict[str, Any] = {"kind": args.kind, "with_times": args.with_times, "only": only, "described": described}
-        if args.output:
+        if args.output and args.output != "-":
             n = store.export(args.format, args.output, **kw)
         elif args.format == "parquet":
             if sys.stdout.isatty():

@@ -48,15 +48,16 @@ def add_model_args(p: argparse.ArgumentParser, *, nargs: str = "+") -> None:
     p.add_argument("--strict", action="store_true", help="a bad model is fatal instead of skipped")
 
 
-def add_graph_arg(p: argparse.ArgumentParser) -> None:
-    """``--graph runtime|source``: which graph is cut into bricks."""
+def add_graph_arg(p: argparse.ArgumentParser, *, ray: bool = False) -> None:
+    """``--graph runtime|source``: which graph is cut into bricks (``ray``: the command
+    has ``--ray``, whose nodes cut the source graph)."""
     p.add_argument(
         "--graph",
         choices=("runtime", "source"),
         default=None,
         help="decompose the graph onnxruntime executes (the default: its fusions and layouts are inside the "
-             "bricks, as in the model run) or the model file's own graph (portable between machines; the default "
-             "with --ray)",
+             "bricks, as in the model run) or the model file's own graph (portable between machines"
+             + ("; the default with --ray)" if ray else ")"),
     )
     # The flag of earlier releases, now the default.
     p.add_argument("--runtime-graph", dest="graph", action="store_const", const="runtime", help=argparse.SUPPRESS)

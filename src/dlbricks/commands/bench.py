@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_remeasure_arg(p)
     p.add_argument("--jobs", type=positive_int, default=1, help="timing workers at once, each on its own core (default 1)")
     add_bricks_dir_arg(p)
-    add_graph_arg(p)
+    add_graph_arg(p, ray=True)
     add_output_args(p)
     add_store_arg(p)
     add_runner_args(p)

@@ -165,3 +165,109 @@ def test_dash_as_the_output_file_is_stdout(tmp_path, capsys, monkeypatch, argv):
     assert main([subs.get(a, a) for a in argv] + ["-o", "-"]) == 0
     assert capsys.readouterr().out.strip()
     assert not (tmp_path / "-").exists()
+
+
+# -- the Python API ----------------------------------------------------------------------
+
+
+def _chain(n: int, name: str = "chain"):
+    import numpy as np
+
+    from dlbricks.graph import Graph
+
+    digests = np.zeros((n, 16), np.uint8)
+    digests[:, 0] = np.arange(n)
+    return Graph(digests, np.arange(n - 1), np.arange(1, n), name=name)
+
+
+@pytest.mark.parametrize("call, kind", [
+    (lambda dl, g: dl.split(g, 0), ValueError),
+    (lambda dl, g: dl.split(g, 2.0), TypeError),
+    (lambda dl, g: dl.split("not a graph", 1), TypeError),
+    (lambda dl, g: dl.Corpus([g]).split(-1), ValueError),
+    (lambda dl, g: dl.load(None), TypeError),
+    (lambda dl, g: dl.load_corpus(None), None),
+    (lambda dl, g: dl.load_corpus([3]), None),
+])
+def test_a_callers_mistake_is_a_dlbricks_error_and_the_builtin_it_was(call, kind):
+    import dlbricks
+
+    with pytest.raises(dlbricks.DlbricksError) as raised:
+        call(dlbricks, _chain(4))
+    assert kind is None or isinstance(raised.value, kind)
+    assert len(str(raised.value).splitlines()) == 1
+
+
+def test_a_cycle_from_the_core_is_an_argument_error_naming_a_layer():
+    import numpy as np
+
+    import dlbricks
+
+    cyclic = dlbricks.Graph(np.zeros((3, 16), np.uint8), [0, 1, 2], [1, 2, 0])
+    for call in (lambda: dlbricks.topo_order(cyclic), lambda: dlbricks.split(cyclic, 2),
+                 lambda: dlbricks.Corpus([cyclic]).split(2)):
+        with pytest.raises(dlbricks.ArgumentError, match="cycle"):
+            call()
+
+
+@pytest.mark.parametrize("edges", [[0.0, 1.7], [0, 2**32 + 2], [[0, 1]]])
+def test_edges_that_are_not_int32_layer_indices_are_refused_not_wrapped(edges):
+    import numpy as np
+
+    import dlbricks
+
+    with pytest.raises(dlbricks.ArgumentError, match="edge_dst"):
+        dlbricks.Graph(np.zeros((3, 16), np.uint8), [0, 1], edges)
+
+
+def test_slot_arrays_whose_lengths_only_add_up_are_refused():
+    import numpy as np
+
+    import dlbricks
+
+    a, b = _chain(3, "a"), _chain(3, "b")
+    a.edge_src_slot = np.zeros(1, np.int32)  # two edges
+    b.edge_src_slot = np.zeros(3, np.int32)  # two edges: four slots in all, as the corpus has
+    with pytest.raises(dlbricks.ArgumentError, match="a: edge_src_slot has 1 entries, expected 2"):
+        dlbricks.Corpus([a, b])
+
+
+def test_reconstruct_refuses_a_corpus_of_other_models(tmp_path):
+    import dlbricks
+    from dlbricks.reconstruct import predict
+
+    one, two = dlbricks.load(light("squeezenet")), dlbricks.load(light("shufflenet"))
+    with Store(tmp_path / "s.sqlite") as store:
+        with pytest.raises(dlbricks.ArgumentError, match="corpus= must be the Corpus of exactly these models"):
+            predict([two], 1, store=store, system_id="s", config_key="c", corpus=dlbricks.Corpus([one]))
+        with pytest.raises(dlbricks.ArgumentError, match="n_boot"):
+            predict([one], 1, store=store, system_id="s", config_key="c", n_boot=0)
+
+
+def test_evaluate_and_bench_refuse_what_does_not_pair(tmp_path):
+    import dlbricks
+    from dlbricks.evaluation import evaluate
+    from dlbricks.pipeline import bench
+    from dlbricks.timing import RunnerConfig
+
+    model = dlbricks.load(light("squeezenet"))
+    with Store(tmp_path / "s.sqlite") as store:
+        with pytest.raises(dlbricks.ArgumentError, match="no models"):
+            evaluate([], [1], store=store, config=RunnerConfig())
+        with pytest.raises(dlbricks.ArgumentError, match="1 models but 0 end-to-end models"):
+            bench([model], [1], store=store, config=RunnerConfig(), e2e=True, e2e_models=[])
+        assert store.count() == 0
+
+
+def test_generated_bricks_count_models_of_the_same_name_apart(tmp_path):
+    import shutil
+
+    import dlbricks
+
+    for zoo in ("a", "b"):
+        (tmp_path / zoo).mkdir()
+        shutil.copy(light("squeezenet"), tmp_path / zoo / "model.onnx")
+    models = [dlbricks.load(tmp_path / zoo / "model.onnx") for zoo in ("a", "b")]
+    assert models[0].name == models[1].name == "model"
+    infos = dlbricks.generate_bricks(models, 1, tmp_path / "bricks")
+    assert all(set(i.occurrences) == {"a/model", "b/model"} for i in infos)

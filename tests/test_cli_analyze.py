@@ -123,7 +123,7 @@ def test_output_file_replaces_an_old_one_and_creates_folders(capsys, tmp_path):
 
 @pytest.mark.parametrize(
     ("where", "cause"),
-    [("a_file/x.json", "Not a directory"), ("a_dir", "Is a directory")],
+    [("a_file/x.json", "{tmp}/a_file is not a folder"), ("a_dir", "a folder, not a file")],
 )
 def test_unwritable_output_file_is_one_line_and_leaves_nothing(capsys, tmp_path, where, cause):
     (tmp_path / "a_file").write_text("keep")
@@ -131,7 +131,8 @@ def test_unwritable_output_file_is_one_line_and_leaves_nothing(capsys, tmp_path,
     target = tmp_path / where
     code, out, err = analyze(capsys, "--json", "-o", str(target), light("squeezenet"))
     assert code == 2 and out == ""
-    assert err.strip().splitlines() == [f"dlbricks analyze: error: {target}: cannot write the file ({cause})"]
+    expected = f"dlbricks analyze: error: -o {target}: {cause.format(tmp=tmp_path)}"
+    assert err.strip().splitlines() == [expected]
     assert (tmp_path / "a_file").read_text() == "keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "a_file"]
     assert list((tmp_path / "a_dir").iterdir()) == []

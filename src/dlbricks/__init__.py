@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - only without a build
     raise ImportError(f"{exc}. The C++ extension is not built; run `pip install -e .`") from exc
 
 from dlbricks.corpus import Corpus, CorpusSplit
-from dlbricks.errors import DlbricksError, ModelError
+from dlbricks.errors import ArgumentError, ArgumentTypeError, DlbricksError, ModelError
 from dlbricks.graph import Graph, Split, critical_path, sequence_graph, split, topo_order
 from dlbricks.model import ConstInput, Layer, Model, TensorType
 from dlbricks.versions import SEQUENCE_DIGEST_VERSION
@@ -41,6 +41,8 @@ __all__ = [
     "ConstInput",
     "Corpus",
     "CorpusSplit",
+    "ArgumentError",
+    "ArgumentTypeError",
     "DlbricksError",
     "Graph",
     "Layer",

@@ -535,13 +535,16 @@ def iter_unique_bricks(models: Sequence[Model], G: int) -> Iterator[tuple[str, M
     """Yield (digest hex, source model, member layer indices, occurrences per model)
     for every unique sequence of the corpus at granularity ``G``, first-appearance order."""
     from dlbricks.corpus import Corpus
+    from dlbricks.model import distinct_names
 
     corpus = Corpus(models)
     sp = corpus.split(G)
     occ = sp.occurrences()
+    # Keyed by name: two models loaded as `*/model.onnx` must not count as one.
+    names = distinct_names(corpus.names, [getattr(m, "path", None) for m in models])
     for u in range(sp.n_unique):
         model_index, members = sp.first_occurrence(u)
-        counts = {corpus.names[m]: int(occ[m, u]) for m in range(len(models)) if occ[m, u]}
+        counts = {names[m]: int(occ[m, u]) for m in range(len(models)) if occ[m, u]}
         yield bytes(sp.unique_digests[u]).hex(), models[model_index], members, counts
 
 

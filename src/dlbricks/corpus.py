@@ -9,7 +9,8 @@ from typing import Sequence
 import numpy as np
 
 from dlbricks import _core
-from dlbricks.graph import MAX_G, GraphLike, Split, check_graph
+from dlbricks.errors import ArgumentError
+from dlbricks.graph import GraphLike, Split, check_g, check_graph
 from dlbricks.model import layer_kind_codes
 
 
@@ -130,7 +131,7 @@ class Corpus:
         self.graphs = graphs
         self.names = list(names) if names is not None else [str(getattr(g, "name", f"model{i}")) for i, g in enumerate(graphs)]
         if len(self.names) != len(graphs):
-            raise ValueError(f"{len(self.names)} names for {len(graphs)} models")
+            raise ArgumentError(f"{len(self.names)} names for {len(graphs)} models")
         # Offsets summed in Python: one numpy call each (a numpy call costs more than
         # adding up a corpus's counts).
         self.node_offsets = np.array([0, *accumulate(g.digests.shape[0] for g in graphs)], dtype=np.int64)
@@ -138,10 +139,13 @@ class Corpus:
 
         def cat(attr: str, dtype: type, default_zero: bool = False) -> np.ndarray:
             parts = []
-            for g in graphs:
+            for i, g in enumerate(graphs):
                 a = getattr(g, attr)
                 if a is None and default_zero:
                     a = np.zeros(g.edge_src.shape[0], dtype=dtype)
+                elif len(a) != g.edge_src.shape[0]:
+                    # Concatenated, lengths that only add up would shift edges between models.
+                    raise ArgumentError(f"{self.names[i]}: {attr} has {len(a)} entries, expected {g.edge_src.shape[0]}")
                 parts.append(a)
             # concatenate converts each part (any integer dtype, or a list) to `dtype`.
             return np.concatenate(parts, dtype=dtype) if parts else np.empty(0, dtype)
@@ -215,15 +219,7 @@ class Corpus:
         Raises:
             ValueError: a ``G < 1`` or a malformed model (the message names it).
         """
-        keys = []
-        for G in Gs:
-            if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
-                raise TypeError(f"G must be an int, got {type(G).__name__}")
-            if G < 1:
-                raise ValueError(f"G must be at least 1, got {G}")
-            # Any G of at least the largest model's layer count gives the same split;
-            # the core takes an int32.
-            keys.append(min(int(G), MAX_G))
+        keys = [check_g(G) for G in Gs]
         missing = list(dict.fromkeys(G for G in keys if G not in self._splits))
         if missing:
             try:
@@ -239,7 +235,7 @@ class Corpus:
                     sequence_digests=False,
                 )
             except ValueError as exc:
-                raise ValueError(self._name_model(str(exc))) from None
+                raise ArgumentError(self._name_model(str(exc))) from None
             layers = results[0]  # every result holds the same layer arrays
             self._layer_ids = layers["layer_ids"]
             self._unique_layer_first = layers["unique_layer_first"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["DlbricksError", "ModelError", "UsageError", "first_line", "os_error_text", "warn"]
+__all__ = ["ArgumentError", "ArgumentTypeError", "DlbricksError", "ModelError", "UsageError", "first_line", "os_error_text",
+           "warn"]
 
 
 class DlbricksError(Exception):
@@ -14,6 +15,15 @@ class DlbricksError(Exception):
 
 class UsageError(DlbricksError):
     """The command was asked something impossible (bad option value, missing path): exit 2."""
+
+
+class ArgumentError(DlbricksError, ValueError):
+    """A value the Python API cannot take (G < 1, a malformed layer graph, an edge to a
+    missing layer, a cycle); a ValueError too, as these were before."""
+
+
+class ArgumentTypeError(DlbricksError, TypeError):
+    """An argument of the wrong type given to the Python API; a TypeError too."""
 
 
 class ModelError(DlbricksError):

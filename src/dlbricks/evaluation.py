@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.errors import DlbricksError
+from dlbricks.errors import ArgumentError, DlbricksError
 from dlbricks.model import distinct_names, layer_kinds
 from dlbricks.quality import assess, model_flags
 from dlbricks.reconstruct import geomean, predict
@@ -271,6 +271,8 @@ def evaluate(
     from dlbricks.pipeline import bench
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
+    if not models:
+        raise ArgumentError("evaluate: no models given")
     sources = list(e2e_models) if e2e_models is not None else list(models)
     if len(sources) != len(models):
         raise DlbricksError(f"{len(models)} models but {len(sources)} end-to-end models: give one per model")

@@ -8,12 +8,14 @@ writing ONNX files. A :class:`~dlbricks.model.Model` is accepted wherever a
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
 from dlbricks import _core
+from dlbricks.errors import ArgumentError, ArgumentTypeError
 
 #: The largest G the core takes (an int32); any larger G splits as this one does.
 MAX_G = 2**31 - 1
@@ -55,12 +57,12 @@ class Graph:
 
     def __post_init__(self) -> None:
         self.digests = _as_digests(self.digests)
-        self.edge_src = np.ascontiguousarray(self.edge_src, dtype=np.int32)
-        self.edge_dst = np.ascontiguousarray(self.edge_dst, dtype=np.int32)
+        self.edge_src = _as_index_array(self.edge_src, "edge_src")
+        self.edge_dst = _as_index_array(self.edge_dst, "edge_dst")
         if self.edge_src_slot is not None:
-            self.edge_src_slot = np.ascontiguousarray(self.edge_src_slot, dtype=np.int32)
+            self.edge_src_slot = _as_index_array(self.edge_src_slot, "edge_src_slot")
         if self.edge_dst_slot is not None:
-            self.edge_dst_slot = np.ascontiguousarray(self.edge_dst_slot, dtype=np.int32)
+            self.edge_dst_slot = _as_index_array(self.edge_dst_slot, "edge_dst_slot")
 
     @property
     def n_layers(self) -> int:
@@ -103,8 +105,38 @@ class Split:
 def _as_digests(digests: np.ndarray) -> np.ndarray:
     arr = np.asarray(digests)
     if arr.dtype != np.uint8 or arr.ndim != 2 or arr.shape[1] != 16:
-        raise ValueError(f"digests must be a (n, 16) uint8 array, got {arr.dtype} {arr.shape}")
+        raise ArgumentError(f"digests must be a (n, 16) uint8 array, got {arr.dtype} {arr.shape}")
     return np.ascontiguousarray(arr)
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _as_index_array(values: object, name: str) -> np.ndarray:
+    """``values`` as a contiguous int32 vector: integers only (a float index would be
+    truncated, one past int32 wrapped around to another layer)."""
+    if values is None:
+        raise ArgumentTypeError(f"{name} must be an array of layer indices, got None")
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ArgumentError(f"{name} must be a 1-d array of integers, got {arr.dtype} {arr.shape}")
+    if arr.size and (int(arr.min()) < _INT32.min or int(arr.max()) > _INT32.max):
+        raise ArgumentError(f"{name} holds a value outside int32 (min {arr.min()}, max {arr.max()})")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def check_g(G: object) -> int:
+    """``G`` as the core takes it: an int >= 1, capped at :data:`MAX_G` (any G of at
+    least a model's layer count splits it alike).
+
+    Raises:
+        ArgumentTypeError: not an int. ArgumentError: below 1.
+    """
+    if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
+        raise ArgumentTypeError(f"G must be an int, got {type(G).__name__}")
+    if G < 1:
+        raise ArgumentError(f"G must be at least 1, got {G}")
+    return min(int(G), MAX_G)
 
 
 _GRAPH_ATTRS = ("digests", "edge_src", "edge_dst", "edge_src_slot", "edge_dst_slot")
@@ -115,7 +147,7 @@ def check_graph(graph: object) -> None:
     ``isinstance(graph, GraphLike)`` checks, without typing's protocol machinery,
     which costs more than analysing a small model."""
     if not all(hasattr(graph, a) for a in _GRAPH_ATTRS):
-        raise TypeError(f"expected a dlbricks Graph or Model, got {type(graph).__name__}")
+        raise ArgumentTypeError(f"expected a dlbricks Graph or Model, got {type(graph).__name__}")
 
 
 def topo_order(graph: GraphLike) -> np.ndarray:
@@ -131,7 +163,8 @@ def topo_order(graph: GraphLike) -> np.ndarray:
             message names a layer on it).
     """
     check_graph(graph)
-    return _core.topo_order(graph.digests.shape[0], graph.edge_src, graph.edge_dst)
+    with _core_errors():
+        return _core.topo_order(graph.digests.shape[0], graph.edge_src, graph.edge_dst)
 
 
 def split(graph: GraphLike, G: int) -> Split:
@@ -146,21 +179,17 @@ def split(graph: GraphLike, G: int) -> Split:
         ValueError: ``G < 1``, a bad edge, or a cycle.
     """
     check_graph(graph)
-    if isinstance(G, bool) or not isinstance(G, (int, np.integer)):
-        raise TypeError(f"G must be an int, got {type(G).__name__}")
-    if G < 1:
-        raise ValueError(f"G must be at least 1, got {G}")
-    # Any G of at least the layer count gives the same split; the core takes an int32.
-    G = min(int(G), MAX_G)
-    offsets, members, digests = _core.split_sequences(
-        graph.digests,
-        graph.edge_src,
-        graph.edge_dst,
-        graph.edge_src_slot,
-        graph.edge_dst_slot,
-        int(G),
-    )
-    return Split(int(G), offsets, members, digests)
+    G = check_g(G)
+    with _core_errors():
+        offsets, members, digests = _core.split_sequences(
+            graph.digests,
+            graph.edge_src,
+            graph.edge_dst,
+            graph.edge_src_slot,
+            graph.edge_dst_slot,
+            G,
+        )
+    return Split(G, offsets, members, digests)
 
 
 def critical_path(graph: GraphLike, weights: np.ndarray) -> tuple[float, np.ndarray]:
@@ -174,8 +203,21 @@ def critical_path(graph: GraphLike, weights: np.ndarray) -> tuple[float, np.ndar
     check_graph(graph)
     w = np.ascontiguousarray(weights, dtype=np.float64)
     if w.shape != (graph.digests.shape[0],):
-        raise ValueError(f"weights must have shape ({graph.digests.shape[0]},), got {w.shape}")
-    return _core.critical_path(w, graph.edge_src, graph.edge_dst)
+        raise ArgumentError(f"weights must have shape ({graph.digests.shape[0]},), got {w.shape}")
+    with _core_errors():
+        return _core.critical_path(w, graph.edge_src, graph.edge_dst)
+
+
+@contextlib.contextmanager
+def _core_errors() -> Iterator[None]:
+    """The core's ValueError (a bad edge, a cycle) as an :class:`ArgumentError`; its
+    message already names the layer."""
+    try:
+        yield
+    except ValueError as exc:
+        if isinstance(exc, ArgumentError):
+            raise
+        raise ArgumentError(str(exc)) from None
 
 
 def sequence_graph(graph: GraphLike, split_: Split) -> tuple[np.ndarray, np.ndarray]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Collection, Sequence, cast
 import numpy as np
 
 from dlbricks.corpus import Corpus
+from dlbricks.errors import ArgumentError
 from dlbricks.evaluation import evaluate
 from dlbricks.model import Model, ModelLike, layer_kinds
 from dlbricks.progress import Progress
@@ -234,6 +235,8 @@ def bench(
     """
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
+    if e2e_models is not None and len(e2e_models) != len(models):
+        raise ArgumentError(f"{len(models)} models but {len(e2e_models)} end-to-end models: give one per model")
     start = time.perf_counter()
     fingerprint = system_fingerprint()
     system_id = fingerprint_id(fingerprint)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from dlbricks.corpus import Corpus
-from dlbricks.errors import DlbricksError
+from dlbricks.errors import ArgumentError, DlbricksError
 from dlbricks.graph import Graph, critical_path, sequence_graph
 from dlbricks.versions import brick_digest_version
 
@@ -127,8 +127,16 @@ def predict(
     for mode in modes:
         if mode not in MODES:
             raise DlbricksError(f"unknown reconstruction mode {mode!r} (sequential or parallel)")
-    corpus = corpus or Corpus(models)
+    if n_boot < 1:
+        raise ArgumentError(f"n_boot must be at least 1, got {n_boot}")
+    if corpus is None:
+        corpus = Corpus(models)
+    elif len(corpus.graphs) != len(models) or any(g is not m for g, m in zip(corpus.graphs, models)):
+        # Its split would be read as these models': another model's bricks, silently.
+        raise ArgumentError("corpus= must be the Corpus of exactly these models, in this order")
     names = [m.name for m in models] if names is None else list(names)
+    if len(names) != len(models):
+        raise ArgumentError(f"{len(names)} names for {len(models)} models")
     sp = corpus.split(G)
     bver = brick_digest_version()
     digests = [bytes(d).hex() for d in sp.unique_digests]

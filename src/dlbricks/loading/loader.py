@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import onnx
 
-from dlbricks.errors import ModelError
+from dlbricks.errors import ArgumentTypeError, ModelError
 from dlbricks.loading import fast
 from dlbricks.loading.fast import FastPathFallback
 from dlbricks.loading.full import load_file, load_proto
@@ -80,7 +80,7 @@ def load(
         fast_path = functools.partial(fast.load_fast, path, label, name or path.stem)
         full_path = functools.partial(load_file, path, label, name, input_shapes)
     else:
-        raise TypeError(f"load() expects a path or an onnx.ModelProto, got {type(source).__name__}")
+        raise ArgumentTypeError(f"load() expects a path or an onnx.ModelProto, got {type(source).__name__}")
     fallback = _not_tried(label, input_shapes)
     if fallback is None:
         result = fast_path()

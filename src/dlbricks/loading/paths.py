@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 from typing import Iterable, Union
 
-from dlbricks.errors import DlbricksError
+from dlbricks.errors import ArgumentTypeError, DlbricksError
 
 __all__ = ["PathLike", "iter_model_paths"]
 
@@ -29,9 +29,13 @@ def iter_model_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    elif isinstance(paths, (bytes, bytearray)) or not hasattr(paths, "__iter__"):
+        raise ArgumentTypeError(f"expected a path or a list of paths, got {type(paths).__name__}")
     out: list[Path] = []
     seen: set[str] = set()  # str(path): Path's own hash costs more than the lookup
     for p in paths:
+        if not isinstance(p, (str, os.PathLike)):
+            raise ArgumentTypeError(f"expected paths (str or os.PathLike), got {type(p).__name__!r} among them")
         path = p if isinstance(p, Path) else Path(p)
         try:
             is_dir = stat.S_ISDIR(os.stat(path).st_mode)  # one stat per path

@@ -11,6 +11,7 @@ import pytest
 from conftest import light
 
 from dlbricks.cli import main
+from dlbricks.errors import DlbricksError
 from dlbricks.store import Store, StoreError
 
 FAST = ["--no-pin", "--min-span", "0", "--min-rounds", "2", "--max-rounds", "3", "--precision", "0.5"]
@@ -188,6 +189,9 @@ def _chain(n: int, name: str = "chain"):
     (lambda dl, g: dl.load(None), TypeError),
     (lambda dl, g: dl.load_corpus(None), None),
     (lambda dl, g: dl.load_corpus([3]), None),
+    (lambda dl, g: dl.load(light("squeezenet"), {"data_0": (1, 3, 224.5, 224)}), ValueError),
+    (lambda dl, g: dl.load(light("squeezenet"), {"data_0": (1, 3, 0, 224)}), ValueError),
+    (lambda dl, g: dl.load_corpus([light("squeezenet")], {"data_0": "1x3"}), None),
 ])
 def test_a_callers_mistake_is_a_dlbricks_error_and_the_builtin_it_was(call, kind):
     import dlbricks
@@ -271,3 +275,22 @@ def test_generated_bricks_count_models_of_the_same_name_apart(tmp_path):
     assert models[0].name == models[1].name == "model"
     infos = dlbricks.generate_bricks(models, 1, tmp_path / "bricks")
     assert all(set(i.occurrences) == {"a/model", "b/model"} for i in infos)
+
+
+@pytest.mark.parametrize("setting", [{"max_rounds": 30.7}, {"precision": "0.02"}, {"cores": 1}, {"cores": "01"},
+                                     {"call_overhead": "no"}, {"intra_op_threads": True}, {"timeout_s": None}])
+def test_a_runner_setting_of_the_wrong_kind_is_named(setting):
+    from dlbricks.timing import RunnerConfig
+
+    name = next(iter(setting))
+    with pytest.raises(DlbricksError, match=f"RunnerConfig: {name} must be"):
+        RunnerConfig(**setting)
+
+
+def test_runner_settings_take_numpy_scalars_and_any_iterable_of_cpus():
+    import numpy as np
+
+    from dlbricks.timing import RunnerConfig
+
+    config = RunnerConfig(cores=range(1), min_rounds=np.int64(3), precision=np.float64(0.05))
+    assert config.cores == (0,) and config.key() == RunnerConfig(cores=(0,), min_rounds=3, precision=0.05).key()

@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import onnx
 
-from dlbricks.errors import ArgumentTypeError, ModelError
+from dlbricks.errors import ArgumentError, ArgumentTypeError, ModelError
 from dlbricks.loading import fast
 from dlbricks.loading.fast import FastPathFallback
 from dlbricks.loading.full import load_file, load_proto
@@ -25,6 +26,19 @@ __all__ = ["FastPathFallback", "iter_load", "load"]
 _FAST_PATH = True
 
 OnFallback = Callable[[FastPathFallback], None]
+
+
+def _checked_shapes(input_shapes: Mapping[str, Sequence[int]] | None) -> None:
+    """Refuse shapes the CLI's ``--input-shape`` refuses: every dim an int >= 1 (a float
+    dim would be truncated, a 0 gives empty tensors to time)."""
+    if input_shapes is None:
+        return
+    if not isinstance(input_shapes, Mapping):
+        raise ArgumentTypeError(f"input_shapes must map input names to shapes, got {type(input_shapes).__name__}")
+    for name, dims in input_shapes.items():
+        if isinstance(dims, (str, bytes)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1 for d in dims):
+            raise ArgumentError(f"input_shapes[{name!r}] = {dims!r}: every dimension must be an int >= 1")
 
 
 def _not_tried(label: str, input_shapes: Mapping[str, Sequence[int]] | None) -> FastPathFallback | None:
@@ -63,11 +77,13 @@ def load(
         ModelError: the file is not a readable ONNX model, or the graph is invalid
             (cycle, undefined tensor, unknown op, unresolvable or absurd shape, no
             layers). The message is one line naming the file and the cause.
-        TypeError: ``source`` is neither a path nor a ModelProto.
+        ArgumentTypeError: ``source`` is neither a path nor a ModelProto (a TypeError too).
+        ArgumentError: a dimension of ``input_shapes`` is not an int >= 1.
 
     Warns:
         DlbricksWarning: a symbolic leading (batch) dim of an input was set to 1.
     """
+    _checked_shapes(input_shapes)
     # partial, not a lambda: no frame of its own between load and the path it takes,
     # so that the fast path's warnings still point at the caller of load.
     if isinstance(source, onnx.ModelProto):
@@ -110,6 +126,7 @@ def iter_load(
     memory stays bounded by the largest model, not by the corpus. Errors other than a
     bad model's (``MemoryError``...) propagate.
     """
+    _checked_shapes(input_shapes)
     files = [p if isinstance(p, Path) else Path(p) for p in paths]
     i = 0
     while i < len(files):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -189,6 +190,7 @@ class RunnerConfig:
     open_cores: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.cores is not None:
             # Accept any iterable (a JSON list, a range...) but store a sorted tuple so
             # that equal pinning gives equal configs and equal keys.
@@ -240,6 +242,23 @@ class RunnerConfig:
             # onnxruntime's default thread count ignores the affinity mask, so pinning
             # would oversubscribe the pinned cores.
             raise DlbricksError("RunnerConfig: set intra_op_threads explicitly when pinning cores")
+
+    def _check_types(self) -> None:
+        """Each setting of its declared kind: a float count of rounds or a string number
+        would otherwise be compared, rounded or keyed as given."""
+        # numbers' ABCs take numpy's scalars too; a bool is an Integral, but not a count.
+        kinds: dict[str, type] = {"int": numbers.Integral, "float": numbers.Real, "bool": bool, "str": str}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kind = kinds.get(str(f.type))
+            if kind is None:  # the CPU lists: any iterable of ints
+                if value is not None and (isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")
+                                          or not all(isinstance(c, numbers.Integral) for c in value)):
+                    raise DlbricksError(f"RunnerConfig: {f.name} must be CPU ids (ints) or None, got {value!r}")
+                continue
+            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+                raise DlbricksError(f"RunnerConfig: {f.name} must be {'an' if f.type == 'int' else 'a'} "
+                                    f"{f.type}, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (``cores`` as a list or None)."""

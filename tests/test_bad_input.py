@@ -192,6 +192,11 @@ def _chain(n: int, name: str = "chain"):
     (lambda dl, g: dl.load(light("squeezenet"), {"data_0": (1, 3, 224.5, 224)}), ValueError),
     (lambda dl, g: dl.load(light("squeezenet"), {"data_0": (1, 3, 0, 224)}), ValueError),
     (lambda dl, g: dl.load_corpus([light("squeezenet")], {"data_0": "1x3"}), None),
+    (lambda dl, g: dl.generate_brick(str(light("squeezenet")), [0]), TypeError),
+    (lambda dl, g: dl.generate_brick(dl.load(light("squeezenet")), [0, 0]), ValueError),
+    (lambda dl, g: dl.generate_brick(dl.load(light("squeezenet")), "01"), TypeError),
+    (lambda dl, g: dl.generate_brick(dl.load(light("squeezenet")), [0], weights="bogus"), ValueError),
+    (lambda dl, g: Store(5), None),
 ])
 def test_a_callers_mistake_is_a_dlbricks_error_and_the_builtin_it_was(call, kind):
     import dlbricks

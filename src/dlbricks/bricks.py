@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dlbricks.digest import constant_role
-from dlbricks.errors import DlbricksError, UsageError
+from dlbricks.errors import ArgumentError, ArgumentTypeError, DlbricksError, UsageError
 from dlbricks.loading.names import is_default_domain, onnxruntime_onnx_op, outer_names
 from dlbricks.model import Layer, Model, ModelLike, TensorType
 
@@ -184,10 +184,19 @@ def generate_brick(
     Returns:
         (ModelProto, BrickInfo).
     Raises:
-        DlbricksError: ``members`` is empty or names a missing layer.
+        DlbricksError: ``members`` is empty, names a missing layer or one twice;
+            ``weights`` is neither mode; ``model`` is not a loaded Model.
     """
+    if not hasattr(model, "layers"):
+        raise ArgumentTypeError(f"generate_brick() takes a loaded Model (dlbricks.load), got {type(model).__name__}")
+    if weights not in ("synthetic", "source"):
+        raise ArgumentError(f"weights must be 'synthetic' or 'source', got {weights!r}")
+    if isinstance(members, (str, bytes)) or not all(isinstance(i, (int, np.integer)) for i in members):
+        raise ArgumentTypeError(f"{model.name}: members must be layer indices (ints), got {members!r}")
     if len(members) == 0:
         raise DlbricksError(f"{model.name}: a brick needs at least one layer")
+    if len(set(int(i) for i in members)) != len(members):
+        raise ArgumentError(f"{model.name}: members name a layer twice: {list(members)}")
     layers: list[Layer] = []
     for i in members:
         if not 0 <= int(i) < len(model.layers):

@@ -361,6 +361,8 @@ class Store:
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False):
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise StoreError(f"Store() takes a path (str or os.PathLike) or None, got {type(path).__name__}")
         self.path = Path(path) if path is not None else default_store_path()
         self.readonly = readonly
         exists = self.path.exists()

@@ -167,11 +167,15 @@ def parse_g_list(text: str) -> list[int]:
     return out
 
 
-def positive_int(text: str) -> int:
+def _integer(text: str) -> int:
     try:
-        v = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    v = _integer(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
     return v
@@ -204,10 +208,7 @@ def positive_float(text: str) -> float:
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    v = _integer(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return v
@@ -215,10 +216,7 @@ def non_negative_int(text: str) -> int:
 
 def precision_fraction(text: str) -> float:
     """A relative half-width: a fraction strictly between 0 and 1 (0.02: +/-2%)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    v = _number(text)
     if not 0 < v < 1:
         raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1 (0.02 for +/-2%), got {text}")
     return v

@@ -13,6 +13,7 @@ from conftest import light
 from dlbricks.cli import main
 from dlbricks.errors import DlbricksError
 from dlbricks.store import Store, StoreError
+from dlbricks.timing.runner import Runner
 
 FAST = ["--no-pin", "--min-span", "0", "--min-rounds", "2", "--max-rounds", "3", "--precision", "0.5"]
 
@@ -197,6 +198,8 @@ def _chain(n: int, name: str = "chain"):
     (lambda dl, g: dl.generate_brick(dl.load(light("squeezenet")), "01"), TypeError),
     (lambda dl, g: dl.generate_brick(dl.load(light("squeezenet")), [0], weights="bogus"), ValueError),
     (lambda dl, g: Store(5), None),
+    (lambda dl, g: Runner().time(None), TypeError),
+    (lambda dl, g: Runner("cfg"), TypeError),
 ])
 def test_a_callers_mistake_is_a_dlbricks_error_and_the_builtin_it_was(call, kind):
     import dlbricks
@@ -299,3 +302,11 @@ def test_runner_settings_take_numpy_scalars_and_any_iterable_of_cpus():
 
     config = RunnerConfig(cores=range(1), min_rounds=np.int64(3), precision=np.float64(0.05))
     assert config.cores == (0,) and config.key() == RunnerConfig(cores=(0,), min_rounds=3, precision=0.05).key()
+
+
+def test_a_closed_store_says_so(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    store.close()
+    store.close()  # twice is harmless
+    with pytest.raises(StoreError, match=r"s\.sqlite: the store is closed"):
+        store.count()

@@ -336,6 +336,19 @@ def _inspect(path: Path) -> tuple[int, int, set[str]]:
     return app_id, version, tables
 
 
+class _Closed:
+    """Stands in for a closed store's connection: any use is the caller's mistake."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def close(self) -> None:
+        pass  # closing twice is harmless
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreError(f"{self._path}: the store is closed")
+
+
 def _check_ours(path: Path, app_id: int, version: int, tables: set[str]) -> None:
     # "results" exists in every schema version; newer versions may add tables.
     if app_id != APPLICATION_ID or "results" not in tables:
@@ -431,8 +444,10 @@ class Store:
                 con.execute(f"PRAGMA user_version = {v + 1}")
 
     def close(self) -> None:
-        """Close the connection (committed results are already on disk)."""
+        """Close the connection (committed results are already on disk); using the
+        store after this raises a StoreError naming it."""
         self._con.close()
+        self._con = _Closed(self.path)  # type: ignore[assignment]
 
     def __enter__(self) -> Store:
         return self

@@ -22,10 +22,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from dlbricks.errors import DlbricksError
+from dlbricks.errors import ArgumentTypeError, DlbricksError
 from dlbricks.timing.config import RunnerConfig
 from dlbricks.timing.fpenv import count_denormals
-from dlbricks.timing.session import BoundSession, model_label, prepared_session, timed_runs
+from dlbricks.timing.session import BoundSession, SerializedModel, model_label, prepared_session, timed_runs
 from dlbricks.timing.stats import (
     DRIFT_BLOCKS,
     DRIFT_WARN,
@@ -276,6 +276,8 @@ class Runner:
     """
 
     def __init__(self, config: RunnerConfig | None = None):
+        if config is not None and not isinstance(config, RunnerConfig):
+            raise ArgumentTypeError(f"Runner() takes a RunnerConfig or None, got {type(config).__name__}")
         self.config = config or RunnerConfig()
 
     def time(
@@ -289,7 +291,8 @@ class Runner:
         """Time one model.
 
         Args:
-            model: a path, serialized bytes or an ``onnx.ModelProto``.
+            model: a path, serialized bytes, a :class:`~dlbricks.timing.session.SerializedModel`
+                or an ``onnx.ModelProto``.
             inputs: values for some or all inputs; the rest are synthesised with
                 :func:`make_inputs`.
             seed: the seed for synthesised inputs.
@@ -301,8 +304,14 @@ class Runner:
         Raises:
             DlbricksError: the model cannot be loaded or run, or pinning fails.
         """
+        import os
+
+        import onnx
         import onnxruntime as ort
 
+        if not isinstance(model, (str, os.PathLike, bytes, onnx.ModelProto, SerializedModel)):
+            raise ArgumentTypeError(f"Runner.time() takes a path, serialized bytes or an onnx.ModelProto, "
+                                    f"got {type(model).__name__}")
         cfg = self.config
         wall0 = time.perf_counter()
         label = model_label(model)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
@@ -268,14 +268,12 @@ def evaluate(
             lacks a result one of its variants needs.
     """
     from dlbricks.bricks import model_digest
-    from dlbricks.pipeline import bench
+    from dlbricks.pipeline import bench, paired_e2e_models
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
     if not models:
         raise ArgumentError("evaluate: no models given")
-    sources = list(e2e_models) if e2e_models is not None else list(models)
-    if len(sources) != len(models):
-        raise DlbricksError(f"{len(models)} models but {len(sources)} end-to-end models: give one per model")
+    sources = cast("list[Model]", paired_e2e_models(models, e2e_models))
     paths = [m.path if m.path is not None else s.path for m, s in zip(models, sources)]
     names = distinct_names([m.name for m in models], paths)
     system_id = fingerprint_id(system_fingerprint())

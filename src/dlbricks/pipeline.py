@@ -187,6 +187,20 @@ def missing_work(
     return [w for w in items if w.digest in missing.get(w.kind, ())], reused
 
 
+def paired_e2e_models(models: Sequence[ModelLike], e2e_models: Sequence[ModelLike] | None) -> list[ModelLike]:
+    """The models timed end to end for ``models``: ``e2e_models`` (one per model), or
+    the models themselves.
+
+    Raises:
+        ArgumentError: ``e2e_models`` is not one per model.
+    """
+    if e2e_models is None:
+        return list(models)
+    if len(e2e_models) != len(models):
+        raise ArgumentError(f"{len(models)} models but {len(e2e_models)} end-to-end models: give one per model")
+    return list(e2e_models)
+
+
 def bench(
     models: Sequence[Model],
     Gs: Sequence[int],
@@ -235,8 +249,7 @@ def bench(
     """
     from dlbricks.timing.sysinfo import fingerprint_id, system_fingerprint
 
-    if e2e_models is not None and len(e2e_models) != len(models):
-        raise ArgumentError(f"{len(models)} models but {len(e2e_models)} end-to-end models: give one per model")
+    paired_e2e_models(models, e2e_models)
     start = time.perf_counter()
     fingerprint = system_fingerprint()
     system_id = fingerprint_id(fingerprint)

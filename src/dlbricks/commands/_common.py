@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -414,11 +415,6 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
         allowed = usable_cpus()
         need = max(1, args.threads) * max(1, jobs)
         cores = tuple(allowed[-need:]) if len(allowed) >= need else tuple(allowed)
-    if args.clock == "thread" and (args.threads != 1 or args.execution_mode != "sequential"):
-        raise UsageError("--clock thread needs --threads 1 and --execution-mode sequential (the kernels on the "
-                         "calling thread)")
-    if args.max_time < args.min_time:
-        raise UsageError(f"--max-time {args.max_time} is below --min-time {args.min_time}")
     if jobs == 1 and cores is not None and len(cores) > args.threads:
         cores = cores[: args.threads] if args.cores is None else cores
     try:
@@ -450,8 +446,22 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
         )
     except DlbricksError as exc:
         # RunnerConfig rejects impossible settings with a DlbricksError: the user's to
-        # fix (exit 2). Anything else is a bug and propagates as one (exit 1, traceback).
-        raise UsageError(str(exc)) from None
+        # fix (exit 2), in the words of the options they gave. Anything else is a bug and
+        # propagates as one (exit 1, traceback).
+        text = str(exc).removeprefix("RunnerConfig: ")
+        raise UsageError(_FIELD_NAMES.sub(lambda m: _OPTION_OF_FIELD[m.group(0)], text)) from None
+
+
+#: The runner option that sets each RunnerConfig field (for its errors' wording).
+_OPTION_OF_FIELD = {
+    "intra_op_threads": "--threads", "inter_op_threads": "--inter-threads", "execution_mode": "--execution-mode",
+    "graph_optimization": "--opt-level", "cores": "--cores", "open_cores": "--open-cores", "warmup_iters": "--warmup",
+    "warmup_time": "--warmup-time", "min_iters": "--min-iters", "min_time": "--min-time", "max_time": "--max-time",
+    "target_ci": "--target-ci", "timeout_s": "--timeout", "precision": "--precision", "min_rounds": "--min-rounds",
+    "max_rounds": "--max-rounds", "min_span_s": "--min-span", "cache_state": "--cache-state",
+    "memory_budget_mb": "--memory-budget", "clock": "--clock",
+}
+_FIELD_NAMES = re.compile(r"\b(" + "|".join(_OPTION_OF_FIELD) + r")\b")
 
 
 def open_store(args: argparse.Namespace, *, readonly: bool = False, must_exist: bool = False) -> Store:

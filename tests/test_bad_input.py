@@ -96,7 +96,7 @@ def test_an_os_error_of_a_users_path_is_one_line(tmp_path, capsys, a_file):
     (["bench", "MODEL", "--cores", "1-0", "--store", "STORE"], "--cores '1-0': the range 1-0 runs backwards"),
     (["bench", "MODEL", "--ray-label", "a=b", "--store", "STORE"], "--ray-label applies only with --ray"),
     (["bench", "MODEL", "--clock", "thread", "--threads", "2", "--store", "STORE"],
-     "--clock thread needs --threads 1"),
+     "--clock 'thread' needs --threads 1 and --execution-mode sequential"),
     (["profile", "DIR"], "a folder; profile takes one model file"),
 ])
 def test_a_malformed_option_is_a_usage_error_even_where_it_is_not_used(tmp_path, capsys, argv, needle):

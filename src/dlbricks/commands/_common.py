@@ -444,6 +444,8 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
             huge_pages=args.huge_pages,
             open_cores=open_cores(args),
         )
+    except UsageError:
+        raise  # already in the options' words (--cores, --open-cores)
     except DlbricksError as exc:
         # RunnerConfig rejects impossible settings with a DlbricksError: the user's to
         # fix (exit 2), in the words of the options they gave. Anything else is a bug and
@@ -461,7 +463,7 @@ _OPTION_OF_FIELD = {
     "max_rounds": "--max-rounds", "min_span_s": "--min-span", "cache_state": "--cache-state",
     "memory_budget_mb": "--memory-budget", "clock": "--clock",
 }
-_FIELD_NAMES = re.compile(r"\b(" + "|".join(_OPTION_OF_FIELD) + r")\b")
+_FIELD_NAMES = re.compile(r"(?<![-\w])(" + "|".join(_OPTION_OF_FIELD) + r")\b")
 
 
 def open_store(args: argparse.Namespace, *, readonly: bool = False, must_exist: bool = False) -> Store:

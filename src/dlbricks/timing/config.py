@@ -233,7 +233,7 @@ class RunnerConfig:
         if self.clock not in CLOCKS:
             raise DlbricksError(f"RunnerConfig: clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.clock == "thread" and not self._thread_clock_valid():
-            raise DlbricksError("RunnerConfig: clock thread needs intra_op_threads 1 and execution_mode sequential "
+            raise DlbricksError("RunnerConfig: clock 'thread' needs intra_op_threads 1 and execution_mode sequential "
                                 "(the kernels on the calling thread)")
         if not float(self.burst_s) > 0 or int(self.memory_budget_mb) < 0:
             raise DlbricksError("RunnerConfig: burst_s must be > 0 and memory_budget_mb >= 0")

@@ -354,6 +354,17 @@ def test_same_digest_and_seed_give_identical_bricks_and_another_seed_other_weigh
     assert first.SerializeToString() != other.SerializeToString()
 
 
+def test_members_in_any_order_build_the_brick_of_their_topological_order():
+    model = load(light("squeezenet"))
+    members = split(model, 3).sequence(4).tolist()
+    assert len(members) == 3
+    ordered, info = generate_brick(model, members, digest="ab" * 16)
+    shuffled, shuffled_info = generate_brick(model, members[::-1], digest="ab" * 16)
+    onnx.checker.check_model(shuffled, full_check=True)
+    assert shuffled.SerializeToString() == ordered.SerializeToString()
+    assert shuffled_info.source_layers == info.source_layers
+
+
 # -- bricks compute what the source computes ----------------------------------------------------
 
 

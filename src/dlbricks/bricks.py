@@ -11,6 +11,7 @@ produces and no member consumes becomes a graph output.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import os
 import tempfile
@@ -170,7 +171,7 @@ def generate_brick(
 
     Args:
         model: the loaded source model.
-        members: layer indices, in topological order.
+        members: layer indices (built in topological order whatever order they come in).
         weights: "synthetic" (seeded from ``digest`` and ``seed``) or "source" (the real
             values, via ``model.constant_value``).
         seed: user seed mixed into the synthetic weights.
@@ -202,6 +203,7 @@ def generate_brick(
         if not 0 <= int(i) < len(model.layers):
             raise DlbricksError(f"{model.name}: layer index {i} out of range")
         layers.append(model.layers[int(i)])
+    layers = _in_topological_order(layers, model.name)
     rng = np.random.default_rng(_seed_from(digest, seed))
 
     produced_inside = {name for layer in layers for name in layer.outputs if name}
@@ -341,6 +343,41 @@ def generate_brick(
         source_layers=[layer.name for layer in layers],
     )
     return proto, info
+
+
+def _in_topological_order(layers: list[Layer], model_name: str) -> list[Layer]:
+    """``layers`` with every producer before its readers (ONNX requires it of a
+    graph's nodes), keeping the given order wherever it already allows that: the
+    bricks of a split come in order, so this is a check on their path; members a
+    caller listed in another order are sorted rather than built into a brick that
+    fails the checker."""
+    producer = {name: k for k, layer in enumerate(layers) for name in layer.outputs if name}
+    needs: list[set[int]] = []
+    for k, layer in enumerate(layers):
+        names = [layer.inputs[s] for s in layer.activation_slots()]
+        names += outer_names(layer.node)
+        needs.append({producer[n] for n in names if n in producer and producer[n] != k})
+    if all(j < k for k, deps in enumerate(needs) for j in deps):
+        return layers
+    readers: list[list[int]] = [[] for _ in layers]
+    waiting = [len(deps) for deps in needs]
+    for k, deps in enumerate(needs):
+        for j in deps:
+            readers[j].append(k)
+    ready = [k for k, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    ordered: list[Layer] = []
+    while ready:  # always the earliest ready layer in the given order
+        k = heapq.heappop(ready)
+        ordered.append(layers[k])
+        for r in readers[k]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    if len(ordered) < len(layers):
+        stuck = [layers[k].name for k, n in enumerate(waiting) if n > 0]
+        raise DlbricksError(f"{model_name}: layers {stuck} read each other's outputs in a cycle")
+    return ordered
 
 
 def _activation_types(model: Model) -> dict[str, TensorType]:

@@ -353,7 +353,7 @@ def test_symbolic_dim_after_the_batch_is_an_error_with_a_hint():
     nodes = [h.make_node("Relu", ["x"], ["y"])]
     proto = make_model(nodes, [vi("x", T.FLOAT, ["N", 3, "seq"])], [vi("y")], name="seqmodel")
     msg = errors_of(proto)
-    assert msg == "seqmodel: cannot resolve the shape of tensor 'x' (dim 2 is 'seq'); pass --input-shape x=..."
+    assert msg == "seqmodel: cannot resolve the shape of tensor 'x' (dim 2 is 'seq'); set it with --input-shape x=... (input_shapes in Python)"
     model = loader.load(proto, {"x": (1, 3, 7)})
     assert model.layers[0].output_types[0] == TensorType(T.FLOAT, (1, 3, 7))
 

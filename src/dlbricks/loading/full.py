@@ -342,7 +342,8 @@ class _Loader:
     def _declared_shape(self, name: str, declared: list | None) -> tuple[int, ...]:
         if declared is None:
             raise self._err(
-                f"cannot resolve the shape of tensor '{name}' (no shape declared); pass --input-shape {name}=..."
+                f"cannot resolve the shape of tensor '{name}' (no shape declared); "
+                f"set it with --input-shape {name}=... (input_shapes in Python)"
             )
         shape: list[int | None] = []
         for i, d in enumerate(declared):
@@ -353,7 +354,8 @@ class _Loader:
             if i > 0:
                 what = f"'{d.dim_param}'" if which == "dim_param" else "unknown"
                 raise self._err(
-                    f"cannot resolve the shape of tensor '{name}' (dim {i} is {what}); pass --input-shape {name}=..."
+                    f"cannot resolve the shape of tensor '{name}' (dim {i} is {what}); "
+                    f"set it with --input-shape {name}=... (input_shapes in Python)"
                 )
             shape.append(None)
         if shape and shape[0] is None:

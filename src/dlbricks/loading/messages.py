@@ -20,5 +20,5 @@ def batch_dim_note(label: str, input_name: str, what: str) -> str:
     (``'N'``, or ``unknown``). Both loaders give it, in the same words."""
     return (
         f"{label}: input '{input_name}' has a symbolic batch dim ({what}); using 1 "
-        f"(pass --input-shape {input_name}=... to choose)"
+        f"(set it with --input-shape {input_name}=..., or input_shapes in Python)"
     )

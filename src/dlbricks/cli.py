@@ -14,7 +14,7 @@ import importlib
 import shutil
 import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from dlbricks import __version__
 from dlbricks.errors import DlbricksError, UsageError, os_error_text
@@ -58,6 +58,13 @@ class _ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """One line, as every other error: a command's usage block is twenty lines of
+        options above the one that says what was wrong (``--help`` shows it)."""
+        from gettext import gettext
+
+        self.exit(2, gettext("%(prog)s: error: %(message)s\n") % {"prog": self.prog, "message": message})
 
 
 class _OneCommand:

@@ -510,6 +510,8 @@ def test_a_reference_spans_the_rounds_of_what_it_is_compared_with():
 
 
 def test_no_result_is_final_before_its_rounds_span_min_span_s():
+    import onnxruntime  # noqa: F401  (a result names its version: imported first, not timed as rounds)
+
     specs = {"b": {"ns": 1e4, "cv": 0.01}}
     quick, _, quick_summary = run_synthetic(specs, {}, seed=0, max_rounds=100_000)
     spread, _, summary = run_synthetic(specs, {}, seed=0, max_rounds=100_000, min_span_s=0.2)
@@ -520,6 +522,25 @@ def test_no_result_is_final_before_its_rounds_span_min_span_s():
     # that met its precision is then converged, not cut short.
     capped, _, _ = run_synthetic(specs, {}, seed=0, max_rounds=8, min_span_s=60.0)
     assert capped["b"].rounds == 8 and capped["b"].stop_reason == "converged"
+
+
+def test_a_whole_model_spans_model_span_s_while_its_bricks_close_after_min_span_s():
+    specs = {"b": {"ns": 1e4, "cv": 0.01}, "m": {"ns": 1e4, "cv": 0.01}}
+    rng = np.random.default_rng(0)
+    results: dict[str, Measurement | Failure] = {}
+    started = time.perf_counter()
+    closed_at: dict[str, float] = {}
+
+    def on_result(item, result):
+        results[item.id] = result
+        closed_at[item.id] = time.perf_counter() - started
+
+    config = RunnerConfig(min_span_s=0.05, model_span_s=0.4, max_rounds=1_000_000)
+    measure([EngineItem("b", specs["b"], kind="brick"), EngineItem("m", specs["m"], kind="model")], [], config,
+            on_result=on_result, worker_factory=lambda c, t: SyntheticWorker(c, t, rng=rng))
+    assert results["b"].stop_reason == results["m"].stop_reason == "converged"
+    assert 0.05 <= closed_at["b"] < 0.4 <= closed_at["m"]
+    assert results["m"].rounds > results["b"].rounds
 
 
 def test_slow_phases_that_persist_over_rounds_widen_the_interval():
@@ -1037,7 +1058,7 @@ def test_sessions_not_yet_open_are_priced_at_what_opened_ones_of_their_kind_cost
     specs = {f"m{i}": {"ns": 2e7, "cv": 0.02, "held": 30 * MiB} for i in range(3)}
     specs |= {f"b{i}": {"ns": 1e5, "cv": 0.02, "held": 1 * MiB} for i in range(300)}
     kinds = {i: "model" if i.startswith("m") else "brick" for i in specs}
-    config = RunnerConfig(memory_budget_mb=100, min_span_s=0.0, open_cores=())
+    config = RunnerConfig(memory_budget_mb=100, min_span_s=0.0, model_span_s=0.0, open_cores=())
 
     def early_ratios(kinds):
         reports, walls = measure_with_progress(specs, [], config, seed=0, kinds=kinds)

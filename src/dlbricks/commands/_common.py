@@ -336,6 +336,9 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--min-span", type=non_negative_float, default=6.0, metavar="S",
                    help="seconds a result's rounds must span before it is final, so that they sample "
                         "several of a shared host's slow phases (default 6)")
+    e.add_argument("--model-span", type=non_negative_float, default=15.0, metavar="S",
+                   help="the same for a whole model's result, whose latency moves with what other tenants "
+                        "evict from the shared cache over tens of seconds (default 15)")
     e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="auto",
                    help="warm: a burst starts with discarded runs (two under 0.5 ms, none from 0.5 s), so the timed runs find the brick cached; "
                         "cold: between two runs twice the largest cache's size (up to 64 MiB) of other data is read (other "
@@ -436,6 +439,7 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
             min_rounds=args.min_rounds,
             max_rounds=max(args.max_rounds, args.min_rounds),
             min_span_s=args.min_span,
+            model_span_s=args.model_span,
             cache_state=args.cache_state,
             memory_budget_mb=args.memory_budget,
             call_overhead=not args.no_call_overhead,
@@ -460,8 +464,8 @@ _OPTION_OF_FIELD = {
     "graph_optimization": "--opt-level", "cores": "--cores", "open_cores": "--open-cores", "warmup_iters": "--warmup",
     "warmup_time": "--warmup-time", "min_iters": "--min-iters", "min_time": "--min-time", "max_time": "--max-time",
     "target_ci": "--target-ci", "timeout_s": "--timeout", "precision": "--precision", "min_rounds": "--min-rounds",
-    "max_rounds": "--max-rounds", "min_span_s": "--min-span", "cache_state": "--cache-state",
-    "memory_budget_mb": "--memory-budget", "clock": "--clock",
+    "max_rounds": "--max-rounds", "min_span_s": "--min-span", "model_span_s": "--model-span",
+    "cache_state": "--cache-state", "memory_budget_mb": "--memory-budget", "clock": "--clock",
 }
 _FIELD_NAMES = re.compile(r"(?<![-\w])(" + "|".join(_OPTION_OF_FIELD) + r")\b")
 

@@ -79,6 +79,18 @@ class RunnerConfig:
             its own). The allocation spreads a brick's runs over its rounds, so a longer
             span adds rounds' fixed costs, not runs; a corpus whose rounds are longer
             pays nothing for it.
+        model_span_s: the same for a whole model's result (an item of kind
+            ``"model"``), which needs the longer span: a model's reconstruction sums
+            bricks whose rounds are spread over the whole run, so it averages the
+            host's states over all of them, while the model's own estimate rests on
+            one session's rounds; and a model slows with what other tenants evict
+            from the shared last-level cache, which changes over tens of seconds
+            (``bench/host_drift.py``). On a shared 2-vCPU VM, in eight interleaved
+            pairs of ``bench/reproducibility.py`` triples, the largest range of a
+            model's normalized latency was lower with whole models at 15 s than at
+            6 s in seven (medians 0.031 and 0.036). Every result at 15 s did better
+            still (lower in eight of ten pairs against all at 6 s; medians 0.021 and
+            0.047) but made ``dlbricks demo`` 96 s instead of 73 s.
         cache_state: what a timed run finds in the caches. ``"warm"``: each burst starts
             with discarded runs (two for a session under 0.5 ms, whose second run after
             other sessions' is still up to 50% slow; none for one of 0.5 s or more,
@@ -179,6 +191,7 @@ class RunnerConfig:
     min_rounds: int = 5
     max_rounds: int = 60
     min_span_s: float = 6.0
+    model_span_s: float = 15.0
     cache_state: str = "auto"
     burst_s: float = 0.02
     memory_budget_mb: int = 0
@@ -228,8 +241,9 @@ class RunnerConfig:
             raise DlbricksError(
                 f"RunnerConfig: need 1 <= min_rounds <= max_rounds, got {self.min_rounds!r} and {self.max_rounds!r}"
             )
-        if not float(self.min_span_s) >= 0:
-            raise DlbricksError(f"RunnerConfig: min_span_s must be >= 0, got {self.min_span_s!r}")
+        for name in ("min_span_s", "model_span_s"):
+            if not float(getattr(self, name)) >= 0:
+                raise DlbricksError(f"RunnerConfig: {name} must be >= 0, got {getattr(self, name)!r}")
         if self.clock not in CLOCKS:
             raise DlbricksError(f"RunnerConfig: clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.clock == "thread" and not self._thread_clock_valid():

@@ -126,7 +126,8 @@ class EngineItem:
             (``sampling_time_s``) counts only the rounds it needed for its precision.
         kind: what sort of session it is (``"brick"``, ``"model"``): the progress
             estimate prices a session not opened yet at what opened ones of its kind
-            cost (a whole model costs a hundred bricks).
+            cost (a whole model costs a hundred bricks), and a whole model's rounds
+            span ``config.model_span_s``, not ``min_span_s``.
     """
 
     id: str
@@ -139,6 +140,11 @@ class EngineItem:
     resume: Mapping[str, Any] | None = None
     reference: bool = False
     kind: str = ""
+
+
+def _min_span_s(item: EngineItem, config: RunnerConfig) -> float:
+    """How many seconds ``item``'s rounds must span before its result is final."""
+    return config.model_span_s if item.kind == "model" else config.min_span_s
 
 
 @dataclass
@@ -1411,7 +1417,7 @@ class _Engine:
             force = "max_rounds" if len(t.round_medians) >= cfg.max_rounds else None
             # Stopped by the round limit before its span, its precision is what counts.
             converged = enough and all(state[id(g)] for g in self.groups_of[t.item.id]) and (
-                force is not None or t.span_s(now) >= cfg.min_span_s)
+                force is not None or t.span_s(now) >= _min_span_s(t.item, cfg))
             if t.item.reference and others_open and not force:
                 if converged and t.needed_s is None:
                     t.needed_s = t.sampling_s
@@ -1497,7 +1503,7 @@ class _Engine:
         pace = max(self.last_round_s, 1e-6)
 
         def spanning(t: _Track) -> float:
-            short = cfg.min_span_s - t.span_s(now)
+            short = _min_span_s(t.item, cfg) - t.span_s(now)
             return float(math.ceil(short / pace)) if short > 0 else 0.0
 
         left = {

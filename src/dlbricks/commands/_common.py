@@ -8,7 +8,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dlbricks.cpuset import ReversedRange, parse_ranges, usable_cpus
 from dlbricks.errors import DlbricksError, UsageError, warn
@@ -175,11 +175,19 @@ def _integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+T = TypeVar("T", int, float)
+
+
+def _within(value: T, ok: bool, need: str, shown: object) -> T:
+    """``value`` if ``ok``, else the option's error: it must be ``need``."""
+    if not ok:
+        raise argparse.ArgumentTypeError(f"must be {need}, got {shown}")
+    return value
+
+
 def positive_int(text: str) -> int:
     v = _integer(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
+    return _within(v, v >= 1, "at least 1", v)
 
 
 def _number(text: str) -> float:
@@ -195,32 +203,24 @@ def _number(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """A number >= 0 (seconds, fractions)."""
     v = _number(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
+    return _within(v, v >= 0, ">= 0", text)
 
 
 def positive_float(text: str) -> float:
     """A number > 0 (seconds)."""
     v = _number(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
+    return _within(v, v > 0, "> 0", text)
 
 
 def non_negative_int(text: str) -> int:
     v = _integer(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+    return _within(v, v >= 0, ">= 0", v)
 
 
 def precision_fraction(text: str) -> float:
     """A relative half-width: a fraction strictly between 0 and 1 (0.02: +/-2%)."""
     v = _number(text)
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1 (0.02 for +/-2%), got {text}")
-    return v
+    return _within(v, 0 < v < 1, "a fraction between 0 and 1 (0.02 for +/-2%)", text)
 
 
 def emit(args: argparse.Namespace, text: str | None, obj: Any) -> None:

@@ -228,7 +228,7 @@ class RunnerConfig:
         for name in ("intra_op_threads", "inter_op_threads", "warmup_iters", "min_iters"):
             if int(getattr(self, name)) < 0:
                 raise DlbricksError(f"RunnerConfig: {name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("warmup_time", "min_time", "max_time", "target_ci"):
+        for name in ("warmup_time", "min_time", "max_time", "target_ci", "min_span_s", "model_span_s"):
             if not float(getattr(self, name)) >= 0:
                 raise DlbricksError(f"RunnerConfig: {name} must be >= 0, got {getattr(self, name)!r}")
         if self.max_time < self.min_time:
@@ -241,9 +241,6 @@ class RunnerConfig:
             raise DlbricksError(
                 f"RunnerConfig: need 1 <= min_rounds <= max_rounds, got {self.min_rounds!r} and {self.max_rounds!r}"
             )
-        for name in ("min_span_s", "model_span_s"):
-            if not float(getattr(self, name)) >= 0:
-                raise DlbricksError(f"RunnerConfig: {name} must be >= 0, got {getattr(self, name)!r}")
         if self.clock not in CLOCKS:
             raise DlbricksError(f"RunnerConfig: clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.clock == "thread" and not self._thread_clock_valid():

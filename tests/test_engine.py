@@ -43,7 +43,6 @@ class SyntheticWorker:
         self.most_live = 0
         self.counts = counts if counts is not None else {}
         self.bursts: dict[str, list[int]] = {}  # runs per round, per item
-        self.sessions: dict[str, int] = {}  # sessions the engine asked for, per item
         self._replies = collections.deque()
 
     def send(self, msg):
@@ -51,8 +50,7 @@ class SyntheticWorker:
             return
         op = msg[0]
         if op == "open":
-            item_id, spec, slot = msg[1], msg[2], msg[5]
-            self.sessions[item_id] = msg[6] if len(msg) > 6 else 1
+            _, item_id, spec, _, _, slot = msg
             if spec.get("crash_on_open"):
                 self._replies.append(WorkerDied(slot, "crash", "crashed (killed by SIGABRT)"))
                 return
@@ -77,11 +75,6 @@ class SyntheticWorker:
                 # "burst_cv": a factor shared by the runs of one burst (the machine's
                 # state in it), drawn afresh for every burst.
                 noise = self.rng.lognormal(0.0, spec["cv"], size=k)
-                if spec.get("session_factors"):
-                    # Session j of the item runs at its factor j (where its buffers
-                    # landed); the item's sessions take turns, one per burst.
-                    j = len(self.bursts.get(item_id, ())) % self.sessions[item_id]
-                    noise *= spec["session_factors"][j]
                 if spec.get("burst_cv"):
                     noise *= self.rng.lognormal(0.0, spec["burst_cv"])
                 if self.phase is None:
@@ -548,52 +541,6 @@ def test_a_whole_model_spans_model_span_s_while_its_bricks_close_after_min_span_
     assert results["b"].stop_reason == results["m"].stop_reason == "converged"
     assert 0.05 <= closed_at["b"] < 0.4 <= closed_at["m"]
     assert results["m"].rounds > results["b"].rounds
-
-
-def _measure_model_in_sessions(model_sessions, factors, *, nbytes=0, seed=0, monkeypatch=None):
-    """A whole model whose sessions run at ``factors`` (where each one's buffers landed)
-    and a brick, measured with ``model_sessions``; returns (results, worker)."""
-    rng = np.random.default_rng(seed)
-    results: dict[str, Measurement | Failure] = {}
-    workers: list[SyntheticWorker] = []
-
-    def factory(c, t):
-        workers.append(SyntheticWorker(c, t, rng=rng))
-        return workers[-1]
-
-    config = RunnerConfig(min_span_s=0.0, model_span_s=0.0, min_rounds=30, max_rounds=30,
-                          model_sessions=model_sessions, memory_budget_mb=1024)
-    items = [EngineItem("m", {"ns": 1e6, "cv": 0.01, "session_factors": factors, "bytes": nbytes}, kind="model"),
-             EngineItem("b", {"ns": 1e4, "cv": 0.01, "bytes": nbytes}, kind="brick")]
-    measure(items, [], config, on_result=lambda it, r: results.__setitem__(it.id, r), worker_factory=factory)
-    return results, workers[0]
-
-
-def test_a_whole_model_measured_in_several_sessions_pools_them():
-    # Three sessions of one model 4% apart (where each one's buffers landed): one
-    # session carries its own placement into the result; three take turns and the
-    # result sits among them, with an interval that holds their spread.
-    factors = [0.96, 1.0, 1.04]
-    one, w1 = _measure_model_in_sessions(1, factors)
-    three, w3 = _measure_model_in_sessions(3, factors)
-    assert w1.sessions == {"m": 1, "b": 1} and w3.sessions == {"m": 3, "b": 1}
-    assert one["m"].median_ns == pytest.approx(0.96e6, rel=0.01)
-    assert three["m"].median_ns == pytest.approx(1e6, rel=0.01)
-    assert three["m"].stats.ci_low <= 1e6 <= three["m"].stats.ci_high
-    # The sessions share the rounds (one burst each round, in turn), not triple them.
-    assert len(w3.bursts["m"]) == len(w1.bursts["m"]) == three["m"].rounds == 30
-    # The interval widens with the sessions' spread, which one session cannot show.
-    assert three["m"].median_se_ns > 2 * one["m"].median_se_ns
-
-
-def test_a_whole_model_gets_only_the_sessions_that_fit_a_quarter_of_the_memory_budget(monkeypatch):
-    import dlbricks.timing.engine as engine
-
-    monkeypatch.setattr(engine, "source_nbytes", lambda spec: spec["bytes"])
-    # A quarter of 1 GiB holds two copies of 100 MiB of weights, and not one of 300 MiB.
-    _, two = _measure_model_in_sessions(3, [1.0] * 3, nbytes=100 << 20)
-    _, single = _measure_model_in_sessions(3, [1.0] * 3, nbytes=300 << 20)
-    assert two.sessions["m"] == 2 and single.sessions["m"] == 1
 
 
 def test_slow_phases_that_persist_over_rounds_widen_the_interval():
@@ -1333,30 +1280,6 @@ def test_a_worker_keeps_the_memory_of_closed_sessions_for_the_next_and_reuses_it
     finally:
         wk.stop()
     assert not set(glob.glob(mine)) - before  # removed with the worker
-
-
-def test_a_worker_builds_the_sessions_it_is_asked_for_and_they_take_turns():
-    from dlbricks.timing.engine_process import WorkerProcess
-
-    wk = WorkerProcess(RunnerConfig(cache_state="warm"), 60.0)
-    try:
-        wk.send(("open", "one", _matmul_model(1024, "one"), None, 0, 0))
-        one = wk.reply(60.0, "opening")
-        wk.answered(0)
-        wk.send(("open", "three", _matmul_model(1024, "three"), None, 0, 1, 3))
-        three = wk.reply(60.0, "opening")
-        wk.answered(1)
-        assert one[0] == three[0] == "opened", (one, three)
-        assert one[2]["sessions"] == 1 and three[2]["sessions"] == 3
-        # Three sessions hold three copies of the 4 MiB of weights (and what each
-        # packed from them): at least two more than the first session's.
-        assert three[2]["held"] - one[2]["held"] > 2 * (4 << 20), (one[2]["held"], three[2]["held"])
-        for _ in range(4):  # every burst is answered, whichever session ran it
-            wk.send(("round", [("one", 2, True), ("three", 2, True)], False))
-            reply = wk.reply(60.0, "running a round")
-            assert reply[0] == "round" and all(len(reply[1][i]) == 2 for i in ("one", "three")), reply
-    finally:
-        wk.stop()
 
 
 def test_spooled_files_of_processes_that_no_longer_run_are_removed(tmp_path, monkeypatch):

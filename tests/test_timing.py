@@ -171,7 +171,6 @@ def test_config_round_trips_through_json_and_ignores_unknown_keys():
         {"cores": (0,), "intra_op_threads": 0},
         {"min_iters": -1},
         {"timeout_s": 0},
-        {"model_sessions": 0},
     ],
 )
 def test_config_rejects_invalid_values(kwargs):

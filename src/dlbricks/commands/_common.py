@@ -339,10 +339,6 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--model-span", type=non_negative_float, default=15.0, metavar="S",
                    help="the same for a whole model's result, whose latency moves with what other tenants "
                         "evict from the shared cache over tens of seconds (default 15)")
-    e.add_argument("--model-sessions", type=positive_int, default=3, metavar="N",
-                   help="sessions a whole model is measured in, taking turns round by round, so that where one "
-                        "session's buffers land in memory does not set the model's latency (default 3; fewer "
-                        "for a model whose copies would hold over a quarter of the memory budget)")
     e.add_argument("--cache-state", choices=["warm", "cold", "auto"], default="auto",
                    help="warm: a burst starts with discarded runs (two under 0.5 ms, none from 0.5 s), so the timed runs find the brick cached; "
                         "cold: between two runs twice the largest cache's size (up to 64 MiB) of other data is read (other "
@@ -444,7 +440,6 @@ def runner_config(args: argparse.Namespace, jobs: int = 1) -> RunnerConfig:
             max_rounds=max(args.max_rounds, args.min_rounds),
             min_span_s=args.min_span,
             model_span_s=args.model_span,
-            model_sessions=args.model_sessions,
             cache_state=args.cache_state,
             memory_budget_mb=args.memory_budget,
             call_overhead=not args.no_call_overhead,
@@ -470,7 +465,6 @@ _OPTION_OF_FIELD = {
     "warmup_time": "--warmup-time", "min_iters": "--min-iters", "min_time": "--min-time", "max_time": "--max-time",
     "target_ci": "--target-ci", "timeout_s": "--timeout", "precision": "--precision", "min_rounds": "--min-rounds",
     "max_rounds": "--max-rounds", "min_span_s": "--min-span", "model_span_s": "--model-span",
-    "model_sessions": "--model-sessions",
     "cache_state": "--cache-state", "memory_budget_mb": "--memory-budget", "clock": "--clock",
 }
 _FIELD_NAMES = re.compile(r"(?<![-\w])(" + "|".join(_OPTION_OF_FIELD) + r")\b")

@@ -91,21 +91,6 @@ class RunnerConfig:
             6 s in seven (medians 0.031 and 0.036). Every result at 15 s did better
             still (lower in eight of ten pairs against all at 6 s; medians 0.021 and
             0.047) but made ``dlbricks demo`` 96 s instead of 73 s.
-        model_sessions: a whole model is measured in this many sessions, each built
-            afresh, which take turns round by round; its result pools their rounds.
-            Where a session's buffers land in physical memory (4 KiB pages, placed
-            anew for every session) sets which of its data collide in the caches, so
-            sessions of one model measured in the same rounds differ (ShuffleNet: by
-            1-1.5%, coefficient of variation over six), and a single one carries its
-            placement into the result as if it were the model's. Its bricks average
-            theirs over many sessions. A model gets as many as fit, with their
-            weights, in a quarter of the memory budget (at least one). On a shared
-            2-vCPU VM, in ten interleaved pairs of ``bench/reproducibility.py``
-            triples, the largest range of a model's normalized latency was lower with
-            three sessions than with one in eight (medians 0.052 and 0.070), and the
-            intervals covered the other runs' estimates in 96% of cases against 90%
-            (medians). Not part of the key: it changes how precisely the latency is
-            known, not which latency is measured.
         cache_state: what a timed run finds in the caches. ``"warm"``: each burst starts
             with discarded runs (two for a session under 0.5 ms, whose second run after
             other sessions' is still up to 50% slow; none for one of 0.5 s or more,
@@ -207,7 +192,6 @@ class RunnerConfig:
     max_rounds: int = 60
     min_span_s: float = 6.0
     model_span_s: float = 15.0
-    model_sessions: int = 3
     cache_state: str = "auto"
     burst_s: float = 0.02
     memory_budget_mb: int = 0
@@ -253,8 +237,6 @@ class RunnerConfig:
             raise DlbricksError(f"RunnerConfig: cache_state must be one of {CACHE_STATES}, got {self.cache_state!r}")
         if not 0 < float(self.precision) < 1:
             raise DlbricksError(f"RunnerConfig: precision must be in (0, 1), got {self.precision!r}")
-        if int(self.model_sessions) < 1:
-            raise DlbricksError(f"RunnerConfig: model_sessions must be >= 1, got {self.model_sessions!r}")
         if not 1 <= int(self.min_rounds) <= int(self.max_rounds):
             raise DlbricksError(
                 f"RunnerConfig: need 1 <= min_rounds <= max_rounds, got {self.min_rounds!r} and {self.max_rounds!r}"

@@ -147,16 +147,6 @@ def _min_span_s(item: EngineItem, config: RunnerConfig) -> float:
     return config.model_span_s if item.kind == "model" else config.min_span_s
 
 
-def _session_count(item: EngineItem, config: RunnerConfig, nbytes: int, budget: int) -> int:
-    """Sessions to build for an item: for a whole model ``config.model_sessions``, as
-    many of them as fit with their weights in a quarter of the memory budget (so that
-    the copies of one large model do not crowd out the sessions measured beside it,
-    nor triple its set-up), at least one; for anything else one."""
-    if item.kind != "model":
-        return 1
-    return max(1, min(config.model_sessions, budget // 4 // max(nbytes, 1)))
-
-
 @dataclass
 class Group:
     """A quantity whose precision is stated: ``sum(coef * latency(item))``."""
@@ -1053,7 +1043,6 @@ class _Engine:
         checkpoint_s: float = 2.0,
     ) -> None:
         self.config = config
-        self.memory_budget = _memory_budget(config)
         self.on_checkpoint = on_checkpoint
         self.checkpoint_s = checkpoint_s
         self.worker_factory = worker_factory or WorkerProcess
@@ -1234,8 +1223,7 @@ class _Engine:
                 wk.next_slot += 1
                 wk.slots[slot] = t.item.id
                 t.info = {"slot": slot}
-                count = _session_count(t.item, self.config, t.nbytes, self.memory_budget)
-                wk.send(("open", t.item.id, prepared[0], prepared[1], t.item.seed, slot, count))
+                wk.send(("open", t.item.id, prepared[0], prepared[1], t.item.seed, slot))
                 inflight.setdefault(t.worker, []).append((t, time.perf_counter()))
             busy = [w for w, v in inflight.items() if v]
             if not busy:
@@ -1590,7 +1578,7 @@ class _Engine:
     def run(self) -> EngineSummary:
         t_start = time.perf_counter()
         load_before = read_load()
-        budget = self.memory_budget
+        budget = _memory_budget(self.config)
 
         def full() -> bool:
             held = sum(w.held + w.spool_bytes for w in self.workers if w is not None)

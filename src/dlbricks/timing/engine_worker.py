@@ -8,12 +8,9 @@ re-imports the parent's main module; this does not).
 Protocol (pickled tuples over a pipe, one reply per request):
 
 - ``("config", config_dict)`` -> ``("ready", pid)``: pin this process, keep the config.
-- ``("open", id, source, int_bounds, seed, slot[, sessions])`` -> ``("opened", id, info)``
-  or ``("failed", id, message)``: create and bind a session (``source`` is serialized
-  model bytes or a path), warm it up until its run time settles; with ``sessions`` > 1,
-  that many, each built afresh, which then take turns burst by burst under the one id
-  (where a session's buffers land in physical memory sets its cache conflicts, so
-  sessions of one model differ by a percent or two: their turns average that out).
+- ``("open", id, source, int_bounds, seed, slot)`` -> ``("opened", id, info)`` or
+  ``("failed", id, message)``: create and bind a session (``source`` is serialized
+  model bytes or a path), warm it up until its run time settles.
 - ``("round", [(id, k, warm), ...], read_cache)`` ->
   ``("round", {id: [ns, ...]}, wall_s, {id: probe_ns}, cache_reading)``: give every
   listed session ``k`` timed runs, in the order the cache state asks for; ``probe_ns``
@@ -225,24 +222,15 @@ class _Beacon:
 
 
 class _Session:
-    """One measured item: its bound session(s) and what a round needs to know of it."""
+    __slots__ = ("bound", "inputs", "nbytes", "run_s", "slot")
 
-    __slots__ = ("bound", "copies", "inputs", "nbytes", "run_s", "slot", "turn")
-
-    def __init__(self, copies: list[tuple[Any, list[np.ndarray]]], slot: int, run_s: float, nbytes: int) -> None:
-        #: (bound session, its inputs) of each session built for the item.
-        self.copies = copies
-        self.turn = 0
-        self.bound, self.inputs = copies[0]
+    def __init__(self, bound: Any, inputs: list[np.ndarray], slot: int, run_s: float, nbytes: int) -> None:
+        self.bound = bound
+        self.inputs = inputs
         self.slot = slot
         self.run_s = run_s
         #: Its model's size (its weights): what one of its runs reads at least.
         self.nbytes = nbytes
-
-    def take_turn(self) -> None:
-        """Make the next of its sessions the one the coming burst runs."""
-        self.bound, self.inputs = self.copies[self.turn % len(self.copies)]
-        self.turn += 1
 
 
 def _touch(arrays: list[np.ndarray]) -> None:
@@ -323,8 +311,7 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
     def handle(msg: tuple[Any, ...]) -> tuple[Any, ...]:
         op = msg[0]
         if op == "open":
-            _, item_id, source, int_bounds, seed, slot = msg[:6]
-            count = int(msg[6]) if len(msg) > 6 else 1
+            _, item_id, source, int_bounds, seed, slot = msg
             beacon.set(slot)
             t0 = time.perf_counter()
             try:
@@ -341,25 +328,18 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
                     prep = prepare_session(source, config, fenv, seed=seed, int_bounds=int_bounds)
                 bound, feeds, flushed = prep.bound, prep.feeds, prep.denormals_flushed
                 warm_runs, run_s = _warm_up(bound, timed_runs, clock)
-                copies = [(bound, [np.asarray(a) for a in feeds.values()])]
-                for _ in range(count - 1):
-                    with pinned(config.cores if config.intra_op_threads > 1 else None):
-                        more = prepare_session(source, config, fenv, seed=seed, int_bounds=int_bounds)
-                    _warm_up(more.bound, timed_runs, clock)
-                    copies.append((more.bound, [np.asarray(a) for a in more.feeds.values()]))
                 info = {
                     "slot": slot,
                     "setup_s": time.perf_counter() - t0,
                     "warmup_runs": warm_runs + bound.bind_runs,
                     "run_s": run_s,
-                    "sessions": len(copies),
                     "held": held_bytes(),
                     "io_binding": bound.uses_iobinding,
                     "denormals_flushed": flushed,
                     "denormals_in": _fraction(feeds.values(), count_denormals),
                     "denormals_out": _fraction(bound.outputs().values(), count_denormals),
                 }
-                sessions[item_id] = _Session(copies, slot, run_s, nbytes)
+                sessions[item_id] = _Session(bound, [np.asarray(a) for a in feeds.values()], slot, run_s, nbytes)
                 return ("opened", item_id, info)
             except Exception as exc:  # a bad brick is that brick's failure, not the worker's
                 text = str(exc) if isinstance(exc, DlbricksError) else f"{type(exc).__name__}: {exc}"
@@ -375,7 +355,6 @@ def serve(conn: Connection, beacon: _Beacon) -> None:
             cold = []
             for item_id, k, warm in plan:
                 s = sessions[item_id]
-                s.take_turn()
                 if warm or config.cache_state == "warm":
                     beacon.set(s.slot)
                     discard = discarded_runs(s.run_s, s.nbytes, config.burst_s, evictor.nbytes)

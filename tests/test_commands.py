@@ -15,6 +15,22 @@ def test_an_impossible_runner_setting_is_a_usage_error(tmp_path, capsys):
     assert code == 2 and "--max-time" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["bench", "evaluate", "construct", "demo"])
+def test_the_runner_options_default_to_what_runner_config_defaults_to(command):
+    # The options state their defaults in --help, apart from RunnerConfig's fields: a
+    # default changed on one side only would make the CLI and Python measure
+    # differently. Pinning is the CLI's own default (the last CPU; Python: none).
+    import dataclasses
+
+    from dlbricks.cli import build_parser
+    from dlbricks.commands._common import runner_config
+    from dlbricks.timing import RunnerConfig
+
+    positional = [] if command == "demo" else ["model.onnx"]
+    config = runner_config(build_parser(command).parse_args(positional))
+    assert config == dataclasses.replace(RunnerConfig(), cores=config.cores, open_cores=config.open_cores)
+
+
 def test_a_bug_building_the_runner_configuration_is_not_a_usage_error(tmp_path, monkeypatch):
     import dlbricks.timing
 

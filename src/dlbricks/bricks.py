@@ -11,9 +11,9 @@ produces and no member consumes becomes a graph output.
 from __future__ import annotations
 
 import contextlib
-import heapq
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dlbricks import _core
 from dlbricks.digest import constant_role
 from dlbricks.errors import ArgumentError, ArgumentTypeError, DlbricksError, UsageError
 from dlbricks.loading.names import is_default_domain, onnxruntime_onnx_op, outer_names
@@ -359,25 +360,17 @@ def _in_topological_order(layers: list[Layer], model_name: str) -> list[Layer]:
         needs.append({producer[n] for n in names if n in producer and producer[n] != k})
     if all(j < k for k, deps in enumerate(needs) for j in deps):
         return layers
-    readers: list[list[int]] = [[] for _ in layers]
-    waiting = [len(deps) for deps in needs]
-    for k, deps in enumerate(needs):
-        for j in deps:
-            readers[j].append(k)
-    ready = [k for k, n in enumerate(waiting) if n == 0]
-    heapq.heapify(ready)
-    ordered: list[Layer] = []
-    while ready:  # always the earliest ready layer in the given order
-        k = heapq.heappop(ready)
-        ordered.append(layers[k])
-        for r in readers[k]:
-            waiting[r] -= 1
-            if waiting[r] == 0:
-                heapq.heappush(ready, r)
-    if len(ordered) < len(layers):
-        stuck = [layers[k].name for k, n in enumerate(waiting) if n > 0]
-        raise DlbricksError(f"{model_name}: layers {stuck} read each other's outputs in a cycle")
-    return ordered
+    src = np.array([j for deps in needs for j in deps], dtype=np.int32)
+    dst = np.array([k for k, deps in enumerate(needs) for _ in deps], dtype=np.int32)
+    try:
+        # The core's order: the earliest ready layer in the given order first.
+        order = _core.topo_order(len(layers), src, dst)
+    except ValueError as exc:
+        # The core names a layer on the cycle by index ("... through node 7").
+        m = re.search(r"through node (\d+)", str(exc))
+        where = f" (through {layers[int(m.group(1))].name})" if m else ""
+        raise DlbricksError(f"{model_name}: layers read each other's outputs in a cycle{where}") from None
+    return [layers[int(k)] for k in order]
 
 
 def _activation_types(model: Model) -> dict[str, TensorType]:

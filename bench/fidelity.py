@@ -12,7 +12,8 @@ so that variants that share a runner configuration share their end-to-end runs:
 - ``runtime+call+cold``: the same, bricks timed with cold caches (twice the largest
   cache's size of other data read between any two runs, so the weights come from
   memory; inputs read just before the run);
-- ``runtime+call+auto``: cold only for bricks whose weights outgrow the L2 cache: the
+- ``runtime+call+auto``: cold only for memory-bound bricks whose weights outgrow the L2
+  cache: the
   default settings. Each variant adds one correction to the one before, so the table
   shows per model how much of the gap each explains.
 

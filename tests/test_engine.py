@@ -553,7 +553,7 @@ def test_slow_phases_that_persist_over_rounds_widen_the_interval():
     assert phases["b"].median_se_ns > 1.5 * alternating["b"].median_se_ns
 
 
-def test_auto_cache_state_times_cold_only_sessions_whose_weights_outgrow_l2(monkeypatch):
+def test_auto_cache_state_times_cold_only_memory_bound_sessions_whose_weights_outgrow_l2(monkeypatch):
     import dlbricks.timing.engine as engine
 
     monkeypatch.setattr(engine, "_l2_bytes", lambda: 1 << 20)
@@ -567,18 +567,26 @@ def test_auto_cache_state_times_cold_only_sessions_whose_weights_outgrow_l2(monk
             super().send(msg)
 
     specs = {"big": {"ns": 1e5, "cv": 0.01, "bytes": 4 << 20}, "small": {"ns": 1e5, "cv": 0.01, "bytes": 64 << 10},
+             "big_gemm": {"ns": 1e5, "cv": 0.01, "bytes": 4 << 20},
              "model": {"ns": 1e5, "cv": 0.01, "bytes": 400 << 20}}
     rng = np.random.default_rng(0)
-    items = [EngineItem(i, spec, warm=i == "model") for i, spec in specs.items()]
-    for state, cold in (("auto", {"big"}), ("warm", set()), ("cold", {"big", "small"})):
+    items = [EngineItem(i, spec, warm=i == "model", compute_bound=i == "big_gemm") for i, spec in specs.items()]
+    results: dict = {}
+    for state, cold in (("auto", {"big"}), ("warm", set()), ("cold", {"big", "small", "big_gemm"})):
         plans.clear()
-        measure(items, [], RunnerConfig(cache_state=state, min_rounds=3, max_rounds=3), on_result=lambda it, r: None,
+        results.clear()
+        measure(items, [], RunnerConfig(cache_state=state, min_rounds=3, max_rounds=3),
+                on_result=lambda it, r: results.__setitem__(it.id, r),
                 worker_factory=lambda c, t: Recording(c, t, rng=rng))
         timed_cold = {i for i, _, warm in plans if not warm}
         if state == "warm":
-            assert timed_cold <= {"big", "small"}  # the worker times everything warm anyway
+            assert timed_cold <= {"big", "small", "big_gemm"}  # the worker times everything warm anyway
         else:
             assert timed_cold == cold, state
+        # Each result says how it was timed, and keeps saying it through the store's dict.
+        expect = cold if state != "warm" else set()
+        assert {i for i, r in results.items() if r.timed_cold} == expect, state
+        assert all(Measurement.from_dict(r.to_dict()).timed_cold == r.timed_cold for r in results.values())
 
 
 def test_a_crashing_session_fails_alone_and_the_rest_are_measured():

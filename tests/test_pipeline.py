@@ -487,3 +487,22 @@ def test_attribution_steps_share_one_end_to_end_latency(attributed):
         assert store.count(kind="model") == 2
         for s in attributed["sources"]:
             assert store.get_result("model", model_digest(s), model_digest_version(), sid, att["config_key"]) is None
+
+
+def test_compute_bound_bricks_are_those_doing_much_arithmetic_per_weight_byte():
+    from dlbricks.pipeline import compute_bound
+
+    def model(rows: int) -> onnx.ModelProto:
+        # A projection of `rows` tokens, then a Relu: 2 * rows operations per 4-byte weight.
+        w = numpy_helper.from_array(np.zeros((64, 64), np.float32), "w")
+        g = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "proj",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, 64])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, 64])], [w])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+    tokens, one_row = load(model(128)), load(model(1))
+    assert compute_bound(tokens, [0]) and compute_bound(tokens, [0, 1])  # 64 operations per byte
+    assert not compute_bound(one_row, [0]) and not compute_bound(one_row, [0, 1])  # 0.5: a batch-1 layer
+    assert not compute_bound(tokens, [1])  # no weights: the size rule decides
+    assert not compute_bound(object(), [0])  # no layer types (a Ray sketch)

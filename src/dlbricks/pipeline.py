@@ -353,6 +353,38 @@ def pooled_model(model: Model, members: Sequence[int] | np.ndarray, pool: Weight
     return source, dict(info.int_bounds) or None
 
 
+#: Operations per byte of weights from which a brick counts as compute-bound. A fully
+#: connected layer at batch 1 does 0.5 (2 per 4-byte weight; 2 at int8); a transformer's
+#: projection over 128 tokens 64, a ResNet convolution 25-800; a core's ridge point
+#: between its peak arithmetic and its share of memory bandwidth lies between (4-15).
+COMPUTE_BOUND_OPS_PER_BYTE = 8.0
+
+
+def compute_bound(model: ModelLike, members: Sequence[int] | np.ndarray) -> bool:
+    """Whether layers ``members`` of ``model`` do at least
+    :data:`COMPUTE_BOUND_OPS_PER_BYTE` operations per byte of their weights (analytic
+    counts, :func:`dlbricks.roofline.costmodel.layer_cost`): in a model run their
+    weights stream from memory under their arithmetic, so cache state ``"auto"`` times
+    them warm. False when a layer has no formula, or for a model without layer types
+    (the size rule then decides alone)."""
+    from dlbricks.roofline.costmodel import layer_cost
+
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        return False
+    ops = weight_bytes = 0
+    for i in members:
+        try:
+            cost = layer_cost(layers[int(i)])
+        except (TypeError, ValueError):
+            return False
+        if not cost.has_formula:
+            return False
+        ops += cost.ops
+        weight_bytes += cost.weight_bytes
+    return weight_bytes > 0 and ops >= COMPUTE_BOUND_OPS_PER_BYTE * weight_bytes
+
+
 def _engine_item(w: WorkItem, brick_dirs: Sequence[str | Path], seed: int, pool: WeightPool) -> EngineItem:
     """A work item as the engine's item: generated when its session is opened, its
     large weights windows of the run's weight pool, handed over as a small serialized
@@ -377,7 +409,8 @@ def _engine_item(w: WorkItem, brick_dirs: Sequence[str | Path], seed: int, pool:
     # Whole models are not engine references (measured over every round of their
     # bricks): that did not make their estimates reproduce any better between runs,
     # and it keeps the largest sessions running for as long as the slowest bricks.
-    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label, kind=w.kind)
+    return EngineItem(f"{w.kind}:{w.digest}", source, seed=seed, warm=w.kind == "model", label=label, kind=w.kind,
+                      compute_bound=w.kind == "brick" and w.members is not None and compute_bound(model, w.members))
 
 
 def precision_groups(models: Sequence[ModelLike], Gs: Sequence[int], todo: Sequence[WorkItem]) -> list[Group]:

@@ -343,8 +343,8 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="warm: a burst starts with discarded runs (two under 0.5 ms, none from 0.5 s), so the timed runs find the brick cached; "
                         "cold: between two runs twice the largest cache's size (up to 64 MiB) of other data is read (other "
                         "sessions' runs, topped up from an eviction buffer), so its weights come from memory, and "
-                        "its inputs are read just before it; auto (default): cold for bricks whose weights outgrow "
-                        "the L2 cache, warm for the others")
+                        "its inputs are read just before it; auto (default): cold for memory-bound bricks whose "
+                        "weights outgrow the L2 cache (fewer than 8 operations per weight byte), warm for the others")
     e.add_argument("--clock", choices=["auto", "wall", "thread"], default="auto",
                    help="what a run's duration is read from: thread = the calling thread's CPU time, which "
                         "leaves out time descheduled by other processes (one thread only); auto = thread when "

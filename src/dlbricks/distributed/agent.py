@@ -119,6 +119,17 @@ class TimingAgent:
             self.models.popitem(last=False)
         return model
 
+    def _compute_bound(self, item: dict[str, Any]) -> bool:
+        """:func:`dlbricks.pipeline.compute_bound` of a brick payload (False if its model
+        cannot be loaded here: its source then reports why)."""
+        from dlbricks.pipeline import compute_bound
+
+        try:
+            model = self._model(item["path"], item["input_shapes"])
+        except DlbricksError:
+            return False
+        return compute_bound(model, list(item["members"]))
+
     def _source(self, item: dict[str, Any], pool: Any) -> Any:
         """The engine's source callable for one payload: generates it on this node,
         its large weights from the batch's weight pool (as a local bench does)."""
@@ -165,7 +176,8 @@ class TimingAgent:
         with WeightPool(self.workdir / "weights", seed=self.seed) as pool:
             engine_items = [
                 EngineItem(f"{it['kind']}:{it['digest']}", self._source(it, pool), seed=self.seed,
-                           warm=it["kind"] == "model", label=f"{it['kind']} {it['digest'][:12]}", kind=it["kind"])
+                           warm=it["kind"] == "model", label=f"{it['kind']} {it['digest'][:12]}", kind=it["kind"],
+                           compute_bound=it["kind"] == "brick" and self._compute_bound(it))
                 for it in items
             ]
             try:

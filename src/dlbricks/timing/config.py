@@ -32,6 +32,10 @@ CACHE_STATES = ("warm", "cold", "auto")
 #: the key of every configuration that times cold runs, so that results taken another
 #: way are not reused. 2: a fixed amount of data read between two runs of a session.
 COLD_METHOD = 2
+#: Which sessions cache state ``"auto"`` times cold: part of its key, so that results
+#: timed under an earlier rule are not reused. 2: those whose weights outgrow the core's
+#: L2 cache and which are not compute-bound (1: the size alone).
+AUTO_RULE = 2
 #: What a timed run's duration is read from (see RunnerConfig.clock).
 CLOCKS = ("auto", "wall", "thread")
 
@@ -101,12 +105,20 @@ class RunnerConfig:
             other cold sessions' runs, topped up from an eviction buffer when they fall
             short), so its weights come from DRAM whatever else is being measured; its
             inputs are read just before the run (as a layer finds the output its
-            predecessor just wrote). ``"auto"``: cold for a session whose weights
-            outgrow the core's L2 cache, warm for the others: a big layer streams its
-            weights from memory in a model run too (so it slows with the memory traffic
-            of the machine as the model does), while a small one is dominated by the
-            fixed cost of a call, which a cold session inflates (onnxruntime's own state
-            and code evicted too) and a model run does not. Part of the result key.
+            predecessor just wrote). ``"auto"``: cold for a memory-bound session whose
+            weights outgrow the core's L2 cache, warm for the others. A big memory-bound
+            layer (a fully connected layer at batch 1) streams its weights from memory
+            in a model run too, and so slows with the memory traffic of the machine as
+            the model does; a small one is dominated by the fixed cost of a call, which
+            a cold session inflates (onnxruntime's own state and code evicted too) and a
+            model run does not; and a compute-bound one (a transformer's or a
+            convolution's weights reused across many rows or pixels) hides its weights'
+            stream under its arithmetic in a model run, which a lone cold run cannot (on
+            a 2-vCPU Xeon VM: a chain of 48 MatMuls of 128x768 by 768x768, 113 MB of
+            weights, took 7% more per layer than one such MatMul looped warm, and as
+            much with 1 GiB read before each run; the lone MatMul after such a read took
+            44% more, and the 36 modern architectures read 1.08x their end-to-end
+            latency in geometric mean with those timed cold). Part of the result key.
         burst_s: the longest burst one session gets per round; a brick needing more
             iterations gets them over more rounds.
         memory_budget_mb: the most memory the engine's workers' live sessions and the
@@ -314,6 +326,8 @@ class RunnerConfig:
         ident["clock"] = self.measure_clock()
         if self.cache_state != "warm":
             ident["cold_method"] = COLD_METHOD
+        if self.cache_state == "auto":
+            ident["auto_rule"] = AUTO_RULE
         return ident
 
     def key(self) -> str:

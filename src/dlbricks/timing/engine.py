@@ -128,6 +128,9 @@ class EngineItem:
             estimate prices a session not opened yet at what opened ones of its kind
             cost (a whole model costs a hundred bricks), and a whole model's rounds
             span ``config.model_span_s``, not ``min_span_s``.
+        compute_bound: its layers do enough arithmetic per byte of weights to hide
+            reading those weights from memory (:func:`dlbricks.pipeline.compute_bound`):
+            cache state ``"auto"`` times it warm whatever its size.
     """
 
     id: str
@@ -140,6 +143,7 @@ class EngineItem:
     resume: Mapping[str, Any] | None = None
     reference: bool = False
     kind: str = ""
+    compute_bound: bool = False
 
 
 def _min_span_s(item: EngineItem, config: RunnerConfig) -> float:
@@ -951,6 +955,7 @@ def _measurement(track: _Track, config: RunnerConfig, stop_reason: str, se_facto
         common_se_factor=se_factor,
         round_nos=list(track.round_nos),
         engine_run=engine_run,
+        timed_cold=not track.timed_warm,
     )
 
 
@@ -1089,7 +1094,8 @@ class _Engine:
             for i in g.terms:
                 self.groups_of[i].append(g)
         self.summary = EngineSummary(groups=len(self.groups))
-        # cache_state "auto": sessions whose weights outgrow this are timed cold.
+        # cache_state "auto": sessions whose weights outgrow this are timed cold, unless
+        # their item is compute-bound.
         self.l2_bytes = _l2_bytes() if config.cache_state == "auto" else 0
         self.eviction_nbytes = eviction_bytes()
         self.eviction_s = 0.0 if config.cache_state == "warm" else self.eviction_nbytes / _EVICTION_READ_BPS
@@ -1189,7 +1195,8 @@ class _Engine:
         source, bounds = prepared if isinstance(prepared, tuple) else (prepared, it.int_bounds)
         cache_state = self.config.cache_state
         track.nbytes = source_nbytes(source)
-        track.timed_warm = it.warm or cache_state == "warm" or (cache_state == "auto" and track.nbytes <= self.l2_bytes)
+        track.timed_warm = it.warm or cache_state == "warm" or (
+            cache_state == "auto" and (it.compute_bound or track.nbytes <= self.l2_bytes))
         return source, dict(bounds) if bounds else None
 
     def open_many(self, tracks: Sequence[_Track], stop: Callable[[], bool] = lambda: False,

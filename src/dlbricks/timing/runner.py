@@ -92,6 +92,8 @@ class Measurement:
             have none): results of one run measured in the same round met the same
             state of the machine.
         engine_run: an id of the engine run (rounds of two runs are not comparable).
+        timed_cold: the caches its timed runs found: True cold, False warm (the engine's
+            resolution of ``config.cache_state``), None where not recorded.
     """
 
     times_ns: np.ndarray
@@ -121,6 +123,7 @@ class Measurement:
     common_se_factor: float = 1.0
     round_nos: list[int] = field(default_factory=list)
     engine_run: str = ""
+    timed_cold: bool | None = None
     timer_resolution_ns: float = field(default_factory=lambda: time.get_clock_info("perf_counter").resolution * 1e9)
 
     @property
@@ -187,6 +190,7 @@ class Measurement:
             "common_se_factor": self.common_se_factor,
             "round_nos": list(self.round_nos),
             "engine_run": self.engine_run,
+            "timed_cold": self.timed_cold,
             "warnings": self.warnings,
         }
 
@@ -232,6 +236,7 @@ class Measurement:
             common_se_factor=float(d.get("common_se_factor", 1.0)),
             round_nos=[int(x) for x in d.get("round_nos", ())],
             engine_run=str(d.get("engine_run", "")),
+            timed_cold=None if d.get("timed_cold") is None else bool(d["timed_cold"]),
         )
 
 

@@ -367,22 +367,14 @@ def compute_bound(model: ModelLike, members: Sequence[int] | np.ndarray) -> bool
     weights stream from memory under their arithmetic, so cache state ``"auto"`` times
     them warm. False when a layer has no formula, or for a model without layer types
     (the size rule then decides alone)."""
-    from dlbricks.roofline.costmodel import layer_cost
+    from dlbricks.roofline.costmodel import model_cost
 
     layers = getattr(model, "layers", None)
     if layers is None:
         return False
-    ops = weight_bytes = 0
-    for i in members:
-        try:
-            cost = layer_cost(layers[int(i)])
-        except (TypeError, ValueError):
-            return False
-        if not cost.has_formula:
-            return False
-        ops += cost.ops
-        weight_bytes += cost.weight_bytes
-    return weight_bytes > 0 and ops >= COMPUTE_BOUND_OPS_PER_BYTE * weight_bytes
+    cost = model_cost(layers[int(i)] for i in members)
+    ops = cost.flops + cost.int_ops
+    return cost.n_without_formula == 0 and cost.weight_bytes > 0 and ops >= COMPUTE_BOUND_OPS_PER_BYTE * cost.weight_bytes
 
 
 def _engine_item(w: WorkItem, brick_dirs: Sequence[str | Path], seed: int, pool: WeightPool) -> EngineItem:
